@@ -1,0 +1,232 @@
+"""Frozen model configuration, parsed from a Hugging Face ``config.json``.
+
+One dataclass describes every supported decoder (Llama, Mistral, Qwen2, Qwen3): the differences
+between them are flags (q/k/v bias, q/k RMSNorm, tied embeddings) rather than subclasses. The config is
+hashable so it can be a static argument of jitted functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# HF `architectures[0]` -> our family name. Anything else is refused by name.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+SUPPORTED_ROPE_SCALING = ("default", "llama3", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling. ``rope_type`` is "llama3" or "linear" (plain RoPE has no RopeScaling)."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of one decoder-only transformer."""
+
+    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    sliding_window: int | None = None  # None: full attention
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.hidden_act not in ("silu", "swish"):
+            raise NotImplementedError(f"hidden_act={self.hidden_act!r} is not supported (only silu)")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        h, f = self.hidden_size, self.intermediate_size
+        attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
+        if self.attention_bias:
+            attn += self.q_size + 2 * self.kv_size
+        if self.qk_norm:
+            attn += 2 * self.head_dim
+        per_layer = attn + 3 * h * f + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * per_layer + h + head
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        """Build from the dict of an HF ``config.json``; refuse what we cannot honour."""
+        archs = d.get("architectures") or []
+        arch_name = archs[0] if archs else None
+        if arch_name is None:
+            arch_name = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}.get(d.get("model_type", ""))
+        if arch_name not in SUPPORTED_ARCHITECTURES:
+            raise NotImplementedError(
+                f"architecture {arch_name or d.get('model_type')!r} is not supported; "
+                f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        family = SUPPORTED_ARCHITECTURES[arch_name]
+        num_heads = int(d["num_attention_heads"])
+        hidden = int(d["hidden_size"])
+        head_dim = d.get("head_dim") or hidden // num_heads
+        rope_params = d.get("rope_parameters") or {}
+        rope_theta = d.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        scaling = d.get("rope_scaling") or (rope_params if rope_params.get("rope_type") else None)
+        rope_scaling = _parse_rope_scaling(scaling)
+        window = _parse_sliding_window(d, family)
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return cls(
+            architecture=family,
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or num_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=family == "qwen2" or bool(d.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            sliding_window=window,
+            hidden_act=d.get("hidden_act", "silu"),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: a model directory needs an HF config.json")
+        return cls.from_hf_dict(json.loads(path.read_text()))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The inverse of ``from_hf_dict`` (enough for HF transformers to rebuild the model)."""
+        arch = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}[self.architecture]
+        d: dict[str, Any] = {
+            "architectures": [arch],
+            "model_type": self.architecture,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": self.hidden_act,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
+        }
+        if self.architecture == "llama":
+            d["attention_bias"] = self.attention_bias
+        if self.rope_scaling is not None:
+            d["rope_scaling"] = dataclasses.asdict(self.rope_scaling)
+        if self.sliding_window is not None:
+            d["sliding_window"] = self.sliding_window
+            d["use_sliding_window"] = True
+        return d
+
+
+def _parse_rope_scaling(scaling: dict[str, Any] | None) -> RopeScaling | None:
+    if not scaling:
+        return None
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type not in SUPPORTED_ROPE_SCALING:
+        raise NotImplementedError(
+            f"rope scaling type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_SCALING}"
+        )
+    if rope_type == "default":
+        return None
+    return RopeScaling(
+        rope_type=rope_type,
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _parse_sliding_window(d: dict[str, Any], family: str) -> int | None:
+    window = d.get("sliding_window")
+    if window is None:
+        return None
+    if family in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
+        return None
+    if d.get("max_window_layers") is not None and family in ("qwen2", "qwen3"):
+        if int(d["max_window_layers"]) < int(d["num_hidden_layers"]):
+            raise NotImplementedError(
+                "sliding window on only some layers (max_window_layers < num_hidden_layers) is not supported"
+            )
+    return int(window)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> "list[float]":
+    """Inverse RoPE frequencies (length head_dim // 2), with llama3 / linear scaling applied."""
+    dim = cfg.head_dim
+    inv = [1.0 / (cfg.rope_theta ** (2 * i / dim)) for i in range(dim // 2)]
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    if s.rope_type == "linear":
+        return [f / s.factor for f in inv]
+    # llama3: keep high frequencies, divide low ones by `factor`, interpolate smoothly between.
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    out = []
+    for f in inv:
+        wavelen = 2 * math.pi / f
+        if wavelen < high_wavelen:
+            out.append(f)
+        elif wavelen > low_wavelen:
+            out.append(f / s.factor)
+        else:
+            smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+                s.high_freq_factor - s.low_freq_factor
+            )
+            out.append((1 - smooth) * f / s.factor + smooth * f)
+    return out

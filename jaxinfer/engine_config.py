@@ -1,0 +1,60 @@
+"""EngineConfig: every engine-level setting of ``LLM(...)``, frozen and validated in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+ATTENTION_BACKENDS = ("auto", "xla", "pallas")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # HF dir, orbax dir from `jaxinfer convert`, "random:<preset>", or None = default
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None  # bound for the automatic num_kv_blocks
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    batching: str = "continuous"
+    scheduling_policy: str = "fcfs"
+    static_batch_timeout_s: float = 0.5
+    attention_backend: str = "auto"
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    quantization: str | None = None
+    speculative_config: dict[str, Any] | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be a positive int, got {self.max_model_len!r}")
+        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 2):
+            raise ValueError(f"num_kv_blocks must be an int >= 2 (block 0 is reserved), got {self.num_kv_blocks!r}")
+        if self.tensor_parallel_size != 1:
+            raise NotImplementedError(
+                f"tensor_parallel_size={self.tensor_parallel_size}: tensor parallelism is not implemented yet; use 1"
+            )
+        if self.enable_expert_parallel:
+            raise NotImplementedError("enable_expert_parallel: no MoE architecture is supported yet")
+        if self.quantization is not None:
+            raise NotImplementedError(
+                f"quantization={self.quantization!r} is not implemented yet; use quantization=None"
+            )
+        if self.speculative_config is not None:
+            raise NotImplementedError("speculative decoding is not implemented yet; use speculative_config=None")

@@ -1,0 +1,97 @@
+"""LLM: the offline facade (vLLM's names). ``LLM(model=...).generate(prompts, params)``.
+
+``generate`` validates every prompt before queuing any, so one bad prompt rejects the call and leaves the
+engine exactly as it was; results come back in input order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Sequence as Seq
+
+from jaxinfer.engine_config import EngineConfig
+from jaxinfer.llm_engine import LLMEngine
+from jaxinfer.outputs import RequestOutput
+from jaxinfer.sampling_params import SamplingParams
+
+_ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        unknown = sorted(set(kwargs) - _ENGINE_FIELDS)
+        if unknown:
+            raise TypeError(f"LLM() got unknown keyword argument(s) {unknown}; valid: {sorted(_ENGINE_FIELDS)}")
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Any,
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Seq[int] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
+        if prompts and all(isinstance(p, int) for p in prompts):
+            raise ValueError("pass token ids as {'prompt_token_ids': [...]}, not a bare list of ints")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        engine = self.llm_engine
+        for p, sp in zip(prompts, params_list):  # validate all before queuing any
+            engine.validate_request(p, sp)
+        ids = []
+        for p, sp, prio in zip(prompts, params_list, priorities):
+            rid = str(next(self._counter))
+            engine.add_request(rid, p, sp, priority=prio)
+            ids.append(rid)
+        return self._run(ids, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        engine = self.llm_engine
+        progress = _Progress(len(ids)) if use_tqdm else None
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+                        if progress:
+                            progress.advance()
+        finally:
+            if progress:
+                progress.close()
+        return [finished[i] for i in ids]
+
+
+class _Progress:
+    """A rich progress bar over finished requests."""
+
+    def __init__(self, total: int):
+        from rich.progress import Progress
+
+        self._bar = Progress(transient=True)
+        self._task = self._bar.add_task("generate", total=total)
+        self._bar.start()
+
+    def advance(self) -> None:
+        self._bar.advance(self._task)
+
+    def close(self) -> None:
+        self._bar.stop()

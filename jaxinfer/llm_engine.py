@@ -1,0 +1,336 @@
+"""LLMEngine: requests in, RequestOutputs out; one ``step()`` = schedule -> run -> postprocess.
+
+Every request is validated completely in ``add_request`` before anything is queued, so a bad request is
+refused with a ``ValueError`` and the engine keeps serving everyone else. A request with ``n > 1`` becomes
+``n`` sequences that share its prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxinfer.block_manager import BlockManager
+from jaxinfer.engine_config import EngineConfig
+from jaxinfer.kv_cache import kv_cache_bytes_per_block
+from jaxinfer.model_source import load_model, resolve_dtype
+from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from jaxinfer.runner import ModelRunner
+from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.scheduler import Scheduler, SchedulerConfig
+from jaxinfer.sequence import Sequence, SequenceStatus
+
+DEFAULT_CPU_KV_BYTES = 2 << 30
+
+
+@dataclasses.dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    metrics: RequestMetrics
+    aborted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        platform = jax.default_backend()
+        self.dtype = resolve_dtype(config.dtype, platform)
+        self.model_config, params, self.tokenizer, self.model_source = load_model(
+            config.model, self.dtype, config.seed
+        )
+        cfg = self.model_config
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        if self.max_model_len > cfg.max_position_embeddings and cfg.rope_scaling is None:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings "
+                f"({cfg.max_position_embeddings})"
+            )
+        self.eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else cfg.eos_token_ids
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "pallas" if platform == "gpu" else "xla"
+        self.attention_backend = backend
+        self.num_blocks = self._num_kv_blocks(platform)
+        sched_cfg = SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,
+            batching=config.batching,
+            static_batch_timeout_s=config.static_batch_timeout_s,
+        )
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(sched_cfg, self.block_manager)
+        self.runner = ModelRunner(
+            cfg,
+            params,
+            num_blocks=self.num_blocks,
+            block_size=config.block_size,
+            max_model_len=self.max_model_len,
+            kv_dtype=self.dtype,
+            attention_backend=backend,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self._requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self._seed_rng = np.random.default_rng(config.seed)
+        self.num_steps = 0
+
+    def _num_kv_blocks(self, platform: str) -> int:
+        cfg, c = self.model_config, self.config
+        per_block = kv_cache_bytes_per_block(cfg, c.block_size, self.dtype)
+        blocks_per_seq = -(-self.max_model_len // c.block_size)
+        if c.num_kv_blocks is not None:
+            num = c.num_kv_blocks
+        else:
+            budget = c.kv_cache_memory_bytes
+            if budget is None:
+                budget = DEFAULT_CPU_KV_BYTES
+                if platform == "gpu":
+                    stats = jax.devices()[0].memory_stats() or {}
+                    budget = int(0.9 * stats.get("bytes_limit", 0)) - stats.get("bytes_in_use", 0)
+            wanted = c.max_num_seqs * blocks_per_seq + 1
+            num = max(min(wanted, budget // per_block), 2)
+        if num - 1 < blocks_per_seq:
+            raise ValueError(
+                f"the KV pool ({num - 1} usable blocks of {c.block_size} tokens) cannot hold one request of "
+                f"max_model_len={self.max_model_len} tokens ({blocks_per_seq} blocks): raise num_kv_blocks / "
+                "kv_cache_memory_bytes or lower max_model_len"
+            )
+        return num
+
+    # ------------------------------------------------------------- validation
+    def process_prompt(self, prompt: Any) -> tuple[str | None, list[int]]:
+        """Turn a prompt (str, {"prompt": str} or {"prompt_token_ids": [...]}) into (text, ids), validated."""
+        if isinstance(prompt, dict):
+            unknown = set(prompt) - {"prompt", "prompt_token_ids"}
+            if unknown or len(prompt) != 1:
+                raise ValueError(
+                    f"a dict prompt must have exactly one of 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}"
+                )
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                ids = prompt["prompt_token_ids"]
+                if isinstance(ids, np.ndarray):
+                    ids = ids.tolist()
+                if not isinstance(ids, (list, tuple)) or not all(
+                    isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids
+                ):
+                    raise ValueError("prompt_token_ids must be a list of ints")
+                ids = [int(i) for i in ids]
+                self._check_ids(ids)
+                return None, ids
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    "this model has no tokenizer (no tokenizer.json): pass {'prompt_token_ids': [...]} instead of text"
+                )
+            ids = self.tokenizer.encode(prompt)
+            self._check_ids(ids)
+            return prompt, ids
+        raise ValueError(
+            f"a prompt must be a str, {{'prompt': str}} or {{'prompt_token_ids': list[int]}}, got {type(prompt).__name__}"
+        )
+
+    def _check_ids(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [i for i in ids if i < 0 or i >= vocab]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len} "
+                "(at least one token must be generated)"
+            )
+
+    def validate_request(self, prompt: Any, params: SamplingParams) -> tuple[str | None, list[int]]:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = self.process_prompt(prompt)
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
+                f"({self.max_model_len})"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        return text, ids
+
+    # ----------------------------------------------------------------- requests
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> None:
+        params = params or SamplingParams()
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(priority, int):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        text, ids = self.validate_request(prompt, params)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        seqs = []
+        for i in range(params.n):
+            if params.seed is not None:
+                seed = (params.seed * 1_000_003 + i) % 2**32
+            else:
+                seed = int(self._seed_rng.integers(0, 2**32))
+            seq = Sequence(next(self._seq_ids), request_id, i, ids, params, seed, arrival, priority, cache_salt)
+            if self.tokenizer is not None:
+                from jaxinfer.tokenizer import IncrementalDetokenizer
+
+                seq.detokenizer = IncrementalDetokenizer(
+                    self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens
+                )
+            seqs.append(seq)
+        self._requests[request_id] = _Request(request_id, text, ids, params, seqs, RequestMetrics(arrival))
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for rid in request_ids:
+            req = self._requests.pop(rid, None)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                if not seq.is_finished:
+                    seq.finish_reason = "abort"
+                    self.scheduler.remove(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; return outputs of the requests that progressed (finished ones last time)."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        now = time.monotonic()
+        sampled = self.runner.execute(plan.scheduled)
+        self.scheduler.on_step_done(plan)
+        self.num_steps += 1
+        now = time.monotonic()
+        touched: dict[str, _Request] = {}
+        for s in plan.scheduled:
+            seq = s.seq
+            req = self._requests[seq.request_id]
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = seq.first_scheduled_time
+            tok = sampled.get(seq.seq_id)
+            if tok is None:
+                continue
+            self._append_token(seq, tok, now)
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            touched[req.request_id] = req
+        outputs = []
+        for req in touched.values():
+            if req.finished:
+                req.metrics.finished_time = now
+                self._requests.pop(req.request_id, None)
+            outputs.append(self._make_output(req))
+        return outputs
+
+    def _append_token(self, seq: Sequence, tok, now: float) -> None:
+        p = seq.params
+        seq.token_ids.append(tok.token_id)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.cumulative_logprob += tok.logprob
+        if p.logprobs is not None:
+            entry = {tok.token_id: tok.logprob}
+            entry.update({k: v for k, v in tok.top_logprobs.items() if k != tok.token_id})
+            seq.logprobs.append(entry)
+        if seq.detokenizer is not None:
+            seq.text += seq.detokenizer.append([tok.token_id])
+        n_out = seq.num_output_tokens
+        reason = stop_reason = None
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and tok.token_id in self.eos_token_ids:
+                reason = "stop"
+            elif tok.token_id in p.stop_token_ids:
+                reason, stop_reason = "stop", tok.token_id
+            elif p.stop:
+                from jaxinfer.tokenizer import check_stop
+
+                text, matched = check_stop(seq.text, p.stop, p.include_stop_str_in_output)
+                if matched is not None:
+                    seq.text, reason, stop_reason = text, "stop", matched
+        if reason is None and (
+            (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len
+        ):
+            reason = "length"
+        if reason is not None:
+            seq.finish_reason, seq.stop_reason = reason, stop_reason
+            seq.finished_time = now
+            self.scheduler.remove(seq)
+
+    def _make_output(self, req: _Request) -> RequestOutput:
+        completions = [
+            CompletionOutput(
+                index=s.sample_index,
+                text=s.text,
+                token_ids=list(s.output_token_ids),
+                logprobs=list(s.logprobs) if req.params.logprobs is not None else None,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+                cumulative_logprob=s.cumulative_logprob,
+            )
+            for s in req.seqs
+        ]
+        req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=completions,
+            finished=req.finished,
+            metrics=req.metrics,
+            num_cached_tokens=req.metrics.num_cached_tokens,
+        )
+
+    # -------------------------------------------------------------------- stats
+    def stats(self) -> dict[str, Any]:
+        bm = self.block_manager
+        return {
+            "free_blocks": bm.num_free_blocks,
+            "total_blocks": bm.num_usable_blocks,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_query_tokens": bm.query_tokens,
+            "prefix_cache_hit_tokens": bm.hit_tokens,
+            "prefix_cache_evictions": bm.num_evictions,
+            "num_draft_tokens": 0,
+            "num_accepted_tokens": 0,
+            "num_compilations": self.runner.num_compilations,
+            "num_steps": self.num_steps,
+        }

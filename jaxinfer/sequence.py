@@ -1,0 +1,81 @@
+"""Host-side state of one sequence (one of a request's ``n`` samples). No JAX here.
+
+A sequence's tokens are its prompt followed by what it generated so far; ``num_computed_tokens`` says how
+many of them have their K/V in the cache. Scheduling is nothing but moving that counter forward (a prefill
+chunk, one decode token, or a token plus speculative guesses) and backward (preemption resets it to 0).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from jaxinfer.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        sample_index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        arrival_time: float,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ):
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.sample_index = sample_index
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.seed = seed  # per-sequence sampling seed
+        self.arrival_time = arrival_time
+        self.priority = priority  # lower value = served first (vLLM's convention)
+        self.cache_salt = cache_salt
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of the full blocks of token_ids
+        self.num_cached_tokens = 0  # prompt tokens that the prefix cache supplied at first admission
+        self.num_preemptions = 0
+        self.logprobs: list[dict[int, float]] = []
+        self.cumulative_logprob = 0.0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.text = ""
+        self.detokenizer: Any = None  # set by the engine when a tokenizer exists
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, req={self.request_id!r}, status={self.status.value}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_ids)})"
+        )

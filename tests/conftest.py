@@ -1,0 +1,25 @@
+"""Shared fixtures: HF-written random checkpoints (session scope) and small engines."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+
+from tests import hf_oracle
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory):
+    """name -> directory of a random tiny checkpoint saved by transformers."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("hf_ckpts")
+    return {name: hf_oracle.build_checkpoint(name, root) for name in hf_oracle.ARCHS}
+
+
+@pytest.fixture(scope="session")
+def hf_models(hf_checkpoints):
+    return {name: hf_oracle.load_hf(path) for name, path in hf_checkpoints.items()}
