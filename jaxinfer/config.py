@@ -169,6 +169,7 @@ class ModelConfig:
         if self.sliding_window is not None:
             d["sliding_window"] = self.sliding_window
             d["use_sliding_window"] = True
+            d["max_window_layers"] = 0
         return d
 
 
@@ -195,12 +196,17 @@ def _parse_sliding_window(d: dict[str, Any], family: str) -> int | None:
     window = d.get("sliding_window")
     if window is None:
         return None
-    if family in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
-        return None
-    if d.get("max_window_layers") is not None and family in ("qwen2", "qwen3"):
-        if int(d["max_window_layers"]) < int(d["num_hidden_layers"]):
+    if family in ("qwen2", "qwen3"):
+        # HF Qwen: only layers i >= max_window_layers slide (and only with use_sliding_window).
+        if not d.get("use_sliding_window", False):
+            return None
+        first_sliding = int(d.get("max_window_layers", 28))
+        if first_sliding >= int(d["num_hidden_layers"]):
+            return None
+        if first_sliding > 0:
             raise NotImplementedError(
-                "sliding window on only some layers (max_window_layers < num_hidden_layers) is not supported"
+                f"sliding window on only layers >= max_window_layers={first_sliding} is not supported "
+                "(only all layers or none)"
             )
     return int(window)
 

@@ -1,0 +1,33 @@
+"""Printing benchmark tables and writing their JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def print_table(title: str, columns: list[str], rows: list[list]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(*[_fmt(v) for v in r])
+    Console().print(table)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    if not path:
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"wrote {p}")
