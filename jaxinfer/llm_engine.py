@@ -289,6 +289,8 @@ class LLMEngine:
         ):
             reason = "length"
         if reason is not None:
+            if seq.detokenizer is not None and not isinstance(stop_reason, str):
+                seq.text += seq.detokenizer.flush()  # bytes held back for an incomplete character
             seq.finish_reason, seq.stop_reason = reason, stop_reason
             seq.finished_time = now
             self.scheduler.remove(seq)

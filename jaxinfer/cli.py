@@ -1,0 +1,69 @@
+"""The ``jaxinfer`` command: ``generate`` text from a model, ``convert`` an HF checkpoint to orbax."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _generate(args) -> int:
+    from jaxinfer import LLM, SamplingParams
+
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+              attention_backend=args.attention_backend, seed=args.seed)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed, n=args.n)
+    prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if args.token_ids:
+        prompts = [{"prompt_token_ids": [int(t) for t in p.replace(",", " ").split()]} for p in prompts]
+    for out in llm.generate(prompts, params, use_tqdm=False):
+        for comp in out.outputs:
+            if args.json:
+                print(json.dumps({"prompt": out.prompt, "text": comp.text, "token_ids": comp.token_ids,
+                                  "finish_reason": comp.finish_reason}))
+            else:
+                print((out.prompt or "") + comp.text if comp.text or out.prompt else comp.token_ids)
+    return 0
+
+
+def _convert(args) -> int:
+    import jax.numpy as jnp
+
+    from jaxinfer.loader import convert_hf_checkpoint
+
+    out = convert_hf_checkpoint(args.hf_dir, args.out_dir, dtype=jnp.dtype(args.dtype), overwrite=args.overwrite)
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jaxinfer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate completions (prompts as arguments or one per stdin line)")
+    g.add_argument("prompt", nargs="*")
+    g.add_argument("--model", default=None, help="HF dir, converted dir, or random:<preset>; default: embedded model")
+    g.add_argument("--dtype", default="auto")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--attention-backend", default="auto")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--n", type=int, default=1)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--token-ids", action="store_true", help="prompts are whitespace/comma separated token ids")
+    g.add_argument("--json", action="store_true", help="one JSON object per completion")
+    g.set_defaults(func=_generate)
+    c = sub.add_parser("convert", help="convert an HF safetensors checkpoint to an orbax checkpoint")
+    c.add_argument("hf_dir")
+    c.add_argument("out_dir")
+    c.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    c.add_argument("--overwrite", action="store_true")
+    c.set_defaults(func=_convert)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
