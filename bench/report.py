@@ -15,7 +15,7 @@ def print_table(title: str, columns: list[str], rows: list[list]) -> None:
         table.add_column(c, justify="right")
     for r in rows:
         table.add_row(*[_fmt(v) for v in r])
-    Console().print(table)
+    Console(width=max(160, len(title) // 2)).print(table)
 
 
 def _fmt(v) -> str:

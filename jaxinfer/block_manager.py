@@ -43,7 +43,12 @@ class BlockManager:
         # Prefix-cache statistics (tokens).
         self.query_tokens = 0
         self.hit_tokens = 0
+        self.miss_tokens = {"shorter_than_block": 0, "evicted": 0, "never_seen": 0}
         self.num_evictions = 0
+        self._ever_cached: set[bytes] = set()  # to tell "evicted" misses from "never seen" ones
+        # Full blocks that an admitted sequence is about to compute: hash -> seq_id. A sequence whose next
+        # missing block is pending waits for it instead of computing the same prefix twice.
+        self.pending: dict[bytes, int] = {}
 
     # ----------------------------------------------------------------- queries
     @property
@@ -95,7 +100,18 @@ class BlockManager:
             self.ref_counts[b] += 1
         seq.block_ids = list(cached_blocks)
         self._allocate(seq, fresh)
+        if self.enable_prefix_caching:
+            for h in seq.block_hashes[len(cached_blocks) :]:
+                if h not in self.cached:
+                    self.pending.setdefault(h, seq.seq_id)
         return True
+
+    def waits_for_pending(self, seq: Sequence, num_hit_blocks: int) -> bool:
+        """True when another running sequence is computing the first block ``seq`` misses."""
+        if num_hit_blocks >= len(seq.block_hashes) or num_hit_blocks * self.block_size >= seq.num_tokens - 1:
+            return False
+        owner = self.pending.get(seq.block_hashes[num_hit_blocks])
+        return owner is not None and owner != seq.seq_id
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) - len(seq.block_ids) <= self.num_free_blocks
@@ -131,9 +147,15 @@ class BlockManager:
             if self.block_hash[block] is None and h not in self.cached:
                 self.block_hash[block] = h
                 self.cached[h] = block
+                self._ever_cached.add(h)
+            if self.pending.get(h) == seq.seq_id:
+                del self.pending[h]
 
     def free_sequence(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; its tail blocks go to the LRU first so they are evicted first."""
+        for h in seq.block_hashes:
+            if self.pending.get(h) == seq.seq_id:
+                del self.pending[h]
         for block in reversed(seq.block_ids):
             self.ref_counts[block] -= 1
             assert self.ref_counts[block] >= 0, f"block {block} freed twice"
@@ -148,6 +170,17 @@ class BlockManager:
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Release the blocks beyond what ``num_tokens`` tokens need (rejected speculative tokens)."""
         keep = self.blocks_needed(num_tokens)
+        if num_tokens % self.block_size and keep <= len(seq.block_ids):
+            # The last kept block is now partial: its content will change, so it must leave the cache.
+            last = seq.block_ids[keep - 1]
+            h = self.block_hash[last]
+            if h is not None:
+                if self.ref_counts[last] > 1:
+                    raise RuntimeError(f"cannot truncate into block {last}: it is shared (copy-on-write needed)")
+                self.block_hash[last] = None
+                if self.cached.get(h) == last:
+                    del self.cached[h]
+        del seq.block_hashes[num_tokens // self.block_size :]
         extra = seq.block_ids[keep:]
         seq.block_ids = seq.block_ids[:keep]
         for block in reversed(extra):
@@ -156,9 +189,20 @@ class BlockManager:
                 self.free[block] = None
                 self.free.move_to_end(block, last=False)
 
-    def record_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
-        self.query_tokens += num_query_tokens
+    def record_query(self, seq: Sequence, num_hit_tokens: int) -> None:
+        """Account a first admission: its prompt tokens, the cache hits, and why the rest missed."""
+        self.query_tokens += seq.num_tokens
         self.hit_tokens += num_hit_tokens
+        missed = seq.num_tokens - num_hit_tokens
+        if not self.enable_prefix_caching or missed == 0:
+            return
+        first_missing = num_hit_tokens // self.block_size
+        if seq.num_tokens - 1 < self.block_size or first_missing >= len(seq.block_hashes):
+            self.miss_tokens["shorter_than_block"] += missed
+        elif seq.block_hashes[first_missing] in self._ever_cached:
+            self.miss_tokens["evicted"] += missed
+        else:
+            self.miss_tokens["never_seen"] += missed
 
     def check_invariants(self) -> None:
         """Assert the pool's bookkeeping is consistent (used by tests)."""

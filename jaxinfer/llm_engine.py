@@ -331,6 +331,7 @@ class LLMEngine:
             "prefix_cache_query_tokens": bm.query_tokens,
             "prefix_cache_hit_tokens": bm.hit_tokens,
             "prefix_cache_evictions": bm.num_evictions,
+            "prefix_cache_miss_tokens": dict(bm.miss_tokens),
             "num_draft_tokens": 0,
             "num_accepted_tokens": 0,
             "num_compilations": self.runner.num_compilations,

@@ -49,11 +49,10 @@ class SchedulerConfig:
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens computed this step, starting at seq.num_computed_tokens
+    samples: bool = dataclasses.field(init=False)  # reaches the end of the known tokens: sample a next one
 
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the end of the sequence's known tokens (so a next token is sampled)."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+    def __post_init__(self):
+        self.samples = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
 
 @dataclasses.dataclass
@@ -154,6 +153,8 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs or seq in preempted:
                 break
             cached = self.blocks.find_cached_prefix(seq)
+            if self.blocks.waits_for_pending(seq, len(cached)):
+                continue  # another sequence is computing this prefix right now: hit its blocks next step
             num_cached = len(cached) * self.blocks.block_size
             remaining = seq.num_tokens - num_cached
             num_new = min(remaining, budget)
@@ -164,7 +165,7 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = self.clock()
                 seq.num_cached_tokens = num_cached
-                self.blocks.record_query(seq.num_tokens, num_cached)
+                self.blocks.record_query(seq, num_cached)
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
