@@ -27,15 +27,11 @@ def kv_cache_bytes_per_block(cfg: ModelConfig, block_size: int, dtype) -> int:
 def write_kv(cache: jax.Array, new: jax.Array, slot_mapping: jax.Array) -> jax.Array:
     """Write ``new`` [T, Hkv, D] into ``cache`` [N, BS, Hkv, D] at flat slots ``slot_mapping`` [T].
 
-    A loop of single-token dynamic-update-slices: XLA performs it in place on the donated buffer
-    (a batched scatter allocated a full temporary copy of the cache on XLA:CPU).
+    One scatter indexed by (block, offset): XLA performs it in place on the donated buffer. (Scattering into
+    a flattened [N*BS, ...] view, or a loop of dynamic-update-slices, made XLA:CPU copy the whole cache.)
+    Slots are unique except for padding tokens, which all land in the reserved null block 0.
     """
-    num_blocks, block_size = cache.shape[:2]
-    flat = cache.reshape(num_blocks * block_size, *cache.shape[2:])
-    new = new.astype(cache.dtype)
-
-    def body(i, buf):
-        return jax.lax.dynamic_update_slice(buf, new[i][None], (slot_mapping[i], 0, 0))
-
-    flat = jax.lax.fori_loop(0, new.shape[0], body, flat)
-    return flat.reshape(cache.shape)
+    block_size = cache.shape[1]
+    return cache.at[slot_mapping // block_size, slot_mapping % block_size].set(
+        new.astype(cache.dtype), unique_indices=True
+    )
