@@ -55,15 +55,16 @@ def test_cached_decoding_equals_full_forward(llm):
     assert [int(np.argmax(r)) for r in np.asarray(logits)[len(ids) - 1 : -1]] == out.outputs[0].token_ids
 
 
-def test_step_updates_cache_in_place(llm):
+@pytest.mark.parametrize("num_blocks", [16, 64, 1024])
+def test_step_updates_cache_in_place(llm, num_blocks):
     cfg, params = llm.llm_engine.model_config, llm.llm_engine.runner.params
-    cache = allocate_kv_cache(cfg, 1024, 16, jnp.float32)
+    cache = allocate_kv_cache(cfg, num_blocks, 16, jnp.float32)
     cache_bytes = sum(x.nbytes for kv in cache for x in kv)
     batch = jax.device_put(single_sequence_batch(list(range(40)), [3, 9, 4], 16))
     compiled = make_step_fn(cfg, "xla").lower(params, cache, batch, 64).compile()
     mem = compiled.memory_analysis()
     assert mem.alias_size_in_bytes >= cache_bytes  # outputs alias the donated cache
-    assert mem.temp_size_in_bytes < cache_bytes / 20, (mem.temp_size_in_bytes, cache_bytes)
+    assert mem.temp_size_in_bytes < max(cache_bytes / 20, 1 << 20), (mem.temp_size_in_bytes, cache_bytes)
 
 
 def test_no_recompiles_after_warmup(llm):
