@@ -69,7 +69,7 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
         self.step_fn = make_step_fn(cfg, attention_backend, interpret)
-        self.sample_fn = jax.jit(sampler_lib.sample, static_argnames=("num_logprobs", "apply_penalties", "all_greedy"))
+        self.sample_fn = sampler_lib.sample  # jitted; static flags select cheap variants
         self._signatures: set = set()
 
     @property
@@ -127,6 +127,7 @@ class ModelRunner:
         params = [q.params for q in seqs]
         apply_penalties = any(p.has_penalties for p in params)
         all_greedy = all(p.greedy for p in params)
+        truncation = any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params if not p.greedy)
         rows = num_rows
 
         def col(values, dtype, fill):
@@ -162,7 +163,7 @@ class ModelRunner:
             output_token_ids=output_ids,
             banned_token_ids=banned,
         )
-        return jax.device_put(md), apply_penalties, all_greedy
+        return jax.device_put(md), apply_penalties, all_greedy, truncation
 
     def _banned_ids(self, seq) -> list[int]:
         p = seq.params
@@ -183,14 +184,15 @@ class ModelRunner:
         if not sampling:
             return {}
         num_rows = logits.shape[0]
-        md, apply_penalties, all_greedy = self.build_sampling_metadata(scheduled, num_rows)
+        md, apply_penalties, all_greedy, truncation = self.build_sampling_metadata(scheduled, num_rows)
         num_logprobs = max((s.seq.params.logprobs or 0) for s in scheduled)
         self._note(
             ("sample", num_rows, md.prompt_token_ids.shape[1], md.output_token_ids.shape[1],
-             md.banned_token_ids.shape[1], num_logprobs, apply_penalties, all_greedy)
+             md.banned_token_ids.shape[1], num_logprobs, apply_penalties, all_greedy, truncation)
         )
         out = self.sample_fn(
-            logits, md, num_logprobs=num_logprobs, apply_penalties=apply_penalties, all_greedy=all_greedy
+            logits, md, num_logprobs=num_logprobs, apply_penalties=apply_penalties, all_greedy=all_greedy,
+            apply_truncation=truncation,
         )
         tokens, logprobs, top_ids, top_lps = jax.device_get(
             (out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs)

@@ -157,3 +157,13 @@ def test_abort_frees_everything(llm):
     s = engine.stats()
     assert s["free_blocks"] == s["total_blocks"]
     engine.block_manager.check_invariants()
+
+
+def test_penalties_are_wired_to_prompt_and_output_tokens(llm):
+    p = _prompts([30], seed=14)
+    free = llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    prompt = p[0]["prompt_token_ids"]
+    assert len(set(free)) < len(free) or set(free) & set(prompt), "the unpenalised run must repeat something"
+    out = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=1e4),
+                       use_tqdm=False)[0].outputs[0].token_ids
+    assert len(set(out)) == len(out) and not set(out) & set(prompt)
