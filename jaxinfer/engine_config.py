@@ -57,4 +57,6 @@ class EngineConfig:
                 f"quantization={self.quantization!r} is not implemented yet; use quantization=None"
             )
         if self.speculative_config is not None:
-            raise NotImplementedError("speculative decoding is not implemented yet; use speculative_config=None")
+            from jaxinfer.spec_config import SpeculativeConfig
+
+            SpeculativeConfig.from_dict(self.speculative_config)  # validate early

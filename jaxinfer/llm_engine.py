@@ -24,7 +24,12 @@ from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxinfer.runner import ModelRunner
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import Scheduler, SchedulerConfig
+from jaxinfer.draft_proposer import DraftProposer
+from jaxinfer.ngram_proposer import propose_ngram
 from jaxinfer.sequence import Sequence, SequenceStatus
+from jaxinfer.spec_config import SpeculativeConfig
+from jaxinfer.spec_controller import SpecController
+from jaxinfer.tokenizer import IncrementalDetokenizer, check_stop
 
 DEFAULT_CPU_KV_BYTES = 2 << 30
 
@@ -86,10 +91,51 @@ class LLMEngine:
             attention_backend=backend,
             eos_token_ids=self.eos_token_ids,
         )
+        self._setup_speculation(config.speculative_config or None)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
         self.num_steps = 0
+
+    def _setup_speculation(self, spec: dict | None) -> None:
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.proposer = None
+        self.spec_controller = None
+        if spec is None:
+            return
+        sc = SpeculativeConfig.from_dict(spec)
+        self.spec_config = sc
+        self.spec_controller = SpecController(sc.num_speculative_tokens, adaptive=sc.adaptive)
+        if sc.method == "ngram":
+            self.proposer = "ngram"
+            self.spec_min_n, self.spec_max_n = sc.prompt_lookup_min, sc.prompt_lookup_max
+            return
+        draft_cfg, draft_params, draft_tok, _ = load_model(sc.model, self.dtype, self.config.seed)
+        if draft_cfg.vocab_size != self.model_config.vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the target's "
+                f"({self.model_config.vocab_size}): a draft must share the target's tokenizer"
+            )
+        if draft_tok is not None and self.tokenizer is not None and draft_tok.vocab_size != self.tokenizer.vocab_size:
+            raise ValueError("the draft model's tokenizer differs from the target's")
+        if draft_cfg.max_position_embeddings < self.max_model_len and draft_cfg.rope_scaling is None:
+            raise ValueError(
+                f"the draft model supports {draft_cfg.max_position_embeddings} positions, less than "
+                f"max_model_len={self.max_model_len}"
+            )
+        draft_runner = ModelRunner(
+            draft_cfg,
+            draft_params,
+            num_blocks=self.num_blocks,
+            block_size=self.config.block_size,
+            max_model_len=self.max_model_len,
+            kv_dtype=self.dtype,
+            attention_backend=self.attention_backend,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self.draft_runner = draft_runner
+        self.proposer = DraftProposer(draft_runner)
 
     def _num_kv_blocks(self, platform: str) -> int:
         cfg, c = self.model_config, self.config
@@ -199,8 +245,6 @@ class LLMEngine:
                 seed = int(self._seed_rng.integers(0, 2**32))
             seq = Sequence(next(self._seq_ids), request_id, i, ids, params, seed, arrival, priority, cache_salt)
             if self.tokenizer is not None:
-                from jaxinfer.tokenizer import IncrementalDetokenizer
-
                 seq.detokenizer = IncrementalDetokenizer(
                     self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens
                 )
@@ -229,13 +273,15 @@ class LLMEngine:
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; return outputs of the requests that progressed (finished ones last time)."""
+        """One step: schedule -> run (verify any speculative tokens) -> postprocess -> propose for the next.
+
+        Returns the outputs of the requests that emitted tokens in this step."""
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        now = time.monotonic()
-        sampled = self.runner.execute(plan.scheduled)
-        self.scheduler.on_step_done(plan)
+        t0 = time.perf_counter()
+        draft_probs = self.proposer.probs_for if isinstance(self.proposer, DraftProposer) else None
+        emitted = self.runner.execute(plan.scheduled, draft_probs_for=draft_probs)
         self.num_steps += 1
         now = time.monotonic()
         touched: dict[str, _Request] = {}
@@ -244,13 +290,29 @@ class LLMEngine:
             req = self._requests[seq.request_id]
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = seq.first_scheduled_time
-            tok = sampled.get(seq.seq_id)
-            if tok is None:
-                continue
-            self._append_token(seq, tok, now)
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            touched[req.request_id] = req
+            tokens = emitted.get(seq.seq_id, [])
+            accepted = max(len(tokens) - 1, 0)
+            if s.num_spec_tokens:
+                self.num_draft_tokens += s.num_spec_tokens
+                self.num_accepted_tokens += accepted
+                if self.spec_controller is not None:
+                    self.spec_controller.record_acceptance(s.num_spec_tokens, accepted)
+            computed = seq.num_computed_tokens + s.num_new_tokens - s.num_spec_tokens + accepted
+            finished = False
+            for tok in tokens:
+                finished = self._append_token(seq, tok, now)
+                if finished:
+                    break
+            self.scheduler.commit_computed(seq, min(computed, seq.num_tokens))
+            if finished:
+                self.scheduler.remove(seq)
+            if tokens:
+                if req.metrics.first_token_time is None:
+                    req.metrics.first_token_time = now
+                touched[req.request_id] = req
+        proposed = self._propose()
+        if self.spec_controller is not None:
+            self.spec_controller.record_step(plan.num_tokens, proposed, time.perf_counter() - t0)
         outputs = []
         for req in touched.values():
             if req.finished:
@@ -259,7 +321,35 @@ class LLMEngine:
             outputs.append(self._make_output(req))
         return outputs
 
-    def _append_token(self, seq: Sequence, tok, now: float) -> None:
+    def _propose(self) -> int:
+        """Propose draft tokens for the running sequences that decode next step; returns how many."""
+        if self.proposer is None:
+            return 0
+        decoding = [q for q in self.scheduler.running if q.num_computed_tokens == q.num_tokens - 1]
+        prefilling = sum(q.num_tokens - q.num_computed_tokens for q in self.scheduler.running) - len(decoding)
+        k = self.spec_controller.choose_k(len(decoding), prefilling)
+        seqs, ks = [], []
+        for q in decoding:
+            p = q.params
+            room = self.max_model_len - q.num_tokens
+            if p.max_tokens is not None:
+                room = min(room, p.max_tokens - q.num_output_tokens)
+            kq = min(k, room - 1)
+            if p.has_penalties or q.num_output_tokens < p.min_tokens or kq <= 0:
+                continue  # penalties and min_tokens bans depend on every earlier token: decode plainly
+            if not self.block_manager.grow(q, q.num_tokens + kq):
+                continue
+            seqs.append(q)
+            ks.append(kq)
+        if isinstance(self.proposer, DraftProposer):
+            self.proposer.propose(seqs, ks)
+        else:
+            for q, kq in zip(seqs, ks):
+                q.spec_token_ids = propose_ngram(q.token_ids, kq, self.spec_min_n, self.spec_max_n)
+        return sum(len(q.spec_token_ids) for q in seqs)
+
+    def _append_token(self, seq: Sequence, tok, now: float) -> bool:
+        """Append one emitted token, apply the stop conditions; True when the sequence finished."""
         p = seq.params
         seq.token_ids.append(tok.token_id)
         if seq.first_token_time is None:
@@ -279,8 +369,6 @@ class LLMEngine:
             elif tok.token_id in p.stop_token_ids:
                 reason, stop_reason = "stop", tok.token_id
             elif p.stop:
-                from jaxinfer.tokenizer import check_stop
-
                 text, matched = check_stop(seq.text, p.stop, p.include_stop_str_in_output)
                 if matched is not None:
                     seq.text, reason, stop_reason = text, "stop", matched
@@ -288,12 +376,13 @@ class LLMEngine:
             (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len
         ):
             reason = "length"
-        if reason is not None:
-            if seq.detokenizer is not None and not isinstance(stop_reason, str):
-                seq.text += seq.detokenizer.flush()  # bytes held back for an incomplete character
-            seq.finish_reason, seq.stop_reason = reason, stop_reason
-            seq.finished_time = now
-            self.scheduler.remove(seq)
+        if reason is None:
+            return False
+        if seq.detokenizer is not None and not isinstance(stop_reason, str):
+            seq.text += seq.detokenizer.flush()  # bytes held back for an incomplete character
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        seq.finished_time = now
+        return True
 
     def _make_output(self, req: _Request) -> RequestOutput:
         completions = [
@@ -332,8 +421,9 @@ class LLMEngine:
             "prefix_cache_hit_tokens": bm.hit_tokens,
             "prefix_cache_evictions": bm.num_evictions,
             "prefix_cache_miss_tokens": dict(bm.miss_tokens),
-            "num_draft_tokens": 0,
-            "num_accepted_tokens": 0,
-            "num_compilations": self.runner.num_compilations,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_compilations": self.runner.num_compilations
+            + (self.draft_runner.num_compilations if isinstance(self.proposer, DraftProposer) else 0),
             "num_steps": self.num_steps,
         }

@@ -18,7 +18,9 @@ import numpy as np
 
 from jaxinfer import sampler as sampler_lib
 from jaxinfer.attention import get_attention_fn
-from jaxinfer.batch import NULL_SLOT, StepBatch, bucket
+from jaxinfer.batch import StepBatch, bucket
+from jaxinfer.batch_packing import WorkItem, pack, signature
+from jaxinfer import rejection_sampler
 from jaxinfer.config import ModelConfig
 from jaxinfer.kv_cache import allocate_kv_cache
 from jaxinfer.model import forward
@@ -79,65 +81,30 @@ class ModelRunner:
     def _note(self, signature) -> None:
         self._signatures.add(signature)
 
-    # ----------------------------------------------------------------- packing
-    def build_batch(self, scheduled: list[ScheduledSeq]) -> tuple[StepBatch, int]:
-        bs = self.block_size
-        num_tokens = sum(s.num_new_tokens for s in scheduled)
-        T = bucket(num_tokens, 8)
-        S = bucket(len(scheduled))
-        max_blocks = max(len(s.seq.block_ids) for s in scheduled)
-        MB = min(bucket(max_blocks), bucket(self.max_blocks_per_seq))
-        max_q = min(bucket(max(s.num_new_tokens for s in scheduled)), T)
+    # ----------------------------------------------------------------- stepping
+    def run_step(self, items: list[WorkItem]):
+        """Run the jitted step on packed work items: (logits [R, V] on device, first row of each item)."""
+        batch, max_q, rows = pack(items, self.block_size, self.max_blocks_per_seq)
+        self._note(("step", *signature(batch, max_q)))
+        logits, self.kv_cache = self.step_fn(self.params, self.kv_cache, batch, max_q)
+        return logits, rows
 
-        token_ids = np.zeros(T, np.int32)
-        positions = np.zeros(T, np.int32)
-        slot_mapping = np.full(T, NULL_SLOT, np.int32)
-        block_tables = np.zeros((S, MB), np.int32)
-        cu_q_lens = np.zeros(S + 1, np.int32)
-        kv_lens = np.zeros(S, np.int32)
-        logits_indices = np.zeros(S, np.int32)
-        t = 0
-        for i, s in enumerate(scheduled):
-            seq, n = s.seq, s.num_new_tokens
-            start = seq.num_computed_tokens
-            token_ids[t : t + n] = seq.token_ids[start : start + n]
-            pos = np.arange(start, start + n)
-            positions[t : t + n] = pos
-            blocks = np.asarray(seq.block_ids, np.int32)
-            slot_mapping[t : t + n] = blocks[pos // bs] * bs + pos % bs
-            block_tables[i, : len(blocks)] = blocks
-            kv_lens[i] = start + n
-            t += n
-            cu_q_lens[i + 1] = t
-            logits_indices[i] = t - 1
-        cu_q_lens[len(scheduled) + 1 :] = t
-        batch = StepBatch(
-            token_ids=token_ids,
-            positions=positions,
-            slot_mapping=slot_mapping,
-            block_tables=block_tables,
-            cu_q_lens=cu_q_lens,
-            kv_lens=kv_lens,
-            logits_indices=logits_indices,
-        )
-        return jax.device_put(batch), max_q
-
-    def build_sampling_metadata(self, scheduled: list[ScheduledSeq], num_rows: int):
-        seqs = [s.seq for s in scheduled]
+    def build_sampling_metadata(self, rows: list[tuple], num_rows: int):
+        """Per-row sampling parameters. ``rows``: (sequence, index of the token sampled at this row)."""
+        seqs = [q for q, _ in rows]
         params = [q.params for q in seqs]
         apply_penalties = any(p.has_penalties for p in params)
         all_greedy = all(p.greedy for p in params)
         truncation = any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params if not p.greedy)
-        rows = num_rows
 
         def col(values, dtype, fill):
-            arr = np.full(rows, fill, dtype)
+            arr = np.full(num_rows, fill, dtype)
             arr[: len(values)] = values
             return arr
 
         def id_matrix(lists):
             width = bucket(max((len(x) for x in lists), default=1), 8)
-            mat = np.full((rows, width), -1, np.int32)
+            mat = np.full((num_rows, width), -1, np.int32)
             for i, x in enumerate(lists):
                 mat[i, : len(x)] = x
             return mat
@@ -146,9 +113,9 @@ class ModelRunner:
             prompt_ids = id_matrix([q.token_ids[: q.num_prompt_tokens] for q in seqs])
             output_ids = id_matrix([q.output_token_ids for q in seqs])
         else:
-            prompt_ids = np.full((rows, 1), -1, np.int32)
-            output_ids = np.full((rows, 1), -1, np.int32)
-        banned = id_matrix([self._banned_ids(q) for q in seqs])
+            prompt_ids = np.full((num_rows, 1), -1, np.int32)
+            output_ids = np.full((num_rows, 1), -1, np.int32)
+        banned = id_matrix([self._banned_ids(q, step) for q, step in rows])
         md = sampler_lib.SamplingMetadata(
             temperature=col([p.temperature for p in params], np.float32, 0.0),
             top_k=col([p.top_k for p in params], np.int32, 0),
@@ -158,16 +125,16 @@ class ModelRunner:
             frequency_penalty=col([p.frequency_penalty for p in params], np.float32, 0.0),
             repetition_penalty=col([p.repetition_penalty for p in params], np.float32, 1.0),
             seeds=col([q.seed for q in seqs], np.uint32, 0),
-            steps=col([q.num_output_tokens for q in seqs], np.int32, 0),
+            steps=col([step for _, step in rows], np.int32, 0),
             prompt_token_ids=prompt_ids,
             output_token_ids=output_ids,
             banned_token_ids=banned,
         )
         return jax.device_put(md), apply_penalties, all_greedy, truncation
 
-    def _banned_ids(self, seq) -> list[int]:
+    def _banned_ids(self, seq, step: int) -> list[int]:
         p = seq.params
-        if seq.num_output_tokens >= p.min_tokens:
+        if step >= p.min_tokens:
             return []
         ids = list(p.stop_token_ids)
         if not p.ignore_eos:
@@ -175,33 +142,58 @@ class ModelRunner:
         return ids
 
     # --------------------------------------------------------------- executing
-    def execute(self, scheduled: list[ScheduledSeq]) -> dict[int, SampledToken]:
-        """Run one step; return the sampled token for every sequence that reached its end (by seq_id)."""
-        batch, max_q = self.build_batch(scheduled)
-        self._note(("step", batch.token_ids.shape[0], batch.kv_lens.shape[0], batch.block_tables.shape[1], max_q))
-        logits, self.kv_cache = self.step_fn(self.params, self.kv_cache, batch, max_q)
-        sampling = [s for s in scheduled if s.samples]
-        if not sampling:
-            return {}
-        num_rows = logits.shape[0]
-        md, apply_penalties, all_greedy, truncation = self.build_sampling_metadata(scheduled, num_rows)
-        num_logprobs = max((s.seq.params.logprobs or 0) for s in scheduled)
-        self._note(
-            ("sample", num_rows, md.prompt_token_ids.shape[1], md.output_token_ids.shape[1],
-             md.banned_token_ids.shape[1], num_logprobs, apply_penalties, all_greedy, truncation)
-        )
-        out = self.sample_fn(
-            logits, md, num_logprobs=num_logprobs, apply_penalties=apply_penalties, all_greedy=all_greedy,
-            apply_truncation=truncation,
-        )
-        tokens, logprobs, top_ids, top_lps = jax.device_get(
-            (out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs)
-        )
-        result = {}
-        for i, s in enumerate(scheduled):
+    def execute(self, scheduled: list[ScheduledSeq], draft_probs_for=None) -> dict[int, list[SampledToken]]:
+        """Run one step; for every sequence that reached its end, the tokens it emits (by seq_id).
+
+        Without speculation that is one sampled token. A sequence verifying k draft tokens emits its
+        accepted drafts followed by one token from the target (resampled or bonus). ``draft_probs_for``
+        maps [(seq, j)] to the draft distributions [R, V] (None: point-mass drafts, i.e. n-gram).
+        """
+        items = []
+        for s in scheduled:
+            seq, k = s.seq, s.num_spec_tokens
+            start = seq.num_computed_tokens
+            tokens = seq.token_ids[start : start + s.num_new_tokens - k] + seq.spec_token_ids[:k]
+            items.append(WorkItem(seq.block_ids, start, tokens, (1 + k) if s.samples else 0))
+        logits, _ = self.run_step(items)
+        rows, drafts, owners = [], [], []
+        for s in scheduled:
             if not s.samples:
                 continue
-            k = s.seq.params.logprobs or 0
-            top = {int(top_ids[i, j]): float(top_lps[i, j]) for j in range(k)}
-            result[s.seq.seq_id] = SampledToken(int(tokens[i]), float(logprobs[i]), top)
+            seq, k = s.seq, s.num_spec_tokens
+            for j in range(k + 1):
+                rows.append((seq, seq.num_output_tokens + j))
+                drafts.append(seq.spec_token_ids[j] if j < k else -1)
+                owners.append((s, j))
+        if not rows:
+            return {}
+        num_rows = logits.shape[0]
+        md, apply_penalties, all_greedy, truncation = self.build_sampling_metadata(rows, num_rows)
+        num_logprobs = max((s.seq.params.logprobs or 0) for s in scheduled)
+        speculating = any(s.num_spec_tokens for s in scheduled)
+        if speculating:
+            draft_arr = np.full(num_rows, -1, np.int32)
+            draft_arr[: len(drafts)] = drafts
+            probs = None if draft_probs_for is None else draft_probs_for([(s.seq, j) for s, j in owners], num_rows)
+            self._note(("verify", num_rows, md.banned_token_ids.shape[1], num_logprobs, truncation, probs is None))
+            out = rejection_sampler.verify(logits, md, jnp.asarray(draft_arr), probs, num_logprobs=num_logprobs,
+                                           apply_truncation=truncation)
+            accepted = out.accepted
+        else:
+            self._note(("sample", num_rows, md.prompt_token_ids.shape[1], md.output_token_ids.shape[1],
+                        md.banned_token_ids.shape[1], num_logprobs, apply_penalties, all_greedy, truncation))
+            out = self.sample_fn(logits, md, num_logprobs=num_logprobs, apply_penalties=apply_penalties,
+                                 all_greedy=all_greedy, apply_truncation=truncation)
+            accepted = jnp.zeros(num_rows, bool)
+        tokens, logprobs, top_ids, top_lps, acc = jax.device_get(
+            (out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs, accepted)
+        )
+        result: dict[int, list[SampledToken]] = {}
+        for i, (s, j) in enumerate(owners):
+            emitted = result.setdefault(s.seq.seq_id, [])
+            if len(emitted) < j or (emitted and j > 0 and not acc[i - 1]):
+                continue  # an earlier draft of this sequence was rejected: later rows are void
+            n = s.seq.params.logprobs or 0
+            top = {int(top_ids[i, m]): float(top_lps[i, m]) for m in range(n)}
+            emitted.append(SampledToken(int(tokens[i]), float(logprobs[i]), top))
         return result

@@ -48,11 +48,13 @@ class SchedulerConfig:
 @dataclasses.dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int  # tokens computed this step, starting at seq.num_computed_tokens
+    num_new_tokens: int  # tokens computed this step from seq.num_computed_tokens, speculative ones included
+    num_spec_tokens: int = 0  # how many of them are draft tokens (seq.spec_token_ids[:num_spec_tokens])
     samples: bool = dataclasses.field(init=False)  # reaches the end of the known tokens: sample a next one
 
     def __post_init__(self):
-        self.samples = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        real = self.num_new_tokens - self.num_spec_tokens
+        self.samples = self.seq.num_computed_tokens + real == self.seq.num_tokens
 
 
 @dataclasses.dataclass
@@ -108,6 +110,8 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free_sequence(seq)
         seq.num_computed_tokens = 0
+        seq.draft_num_computed = 0
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -128,7 +132,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            num_spec = min(len(seq.spec_token_ids), budget - 1) if remaining == 1 else 0
+            num_new = min(remaining, budget) + num_spec
             if num_new <= 0:
                 i += 1
                 continue
@@ -140,7 +146,7 @@ class Scheduler:
                     break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted itself; self.running shifted left
-            scheduled.append(ScheduledSeq(seq, num_new))
+            scheduled.append(ScheduledSeq(seq, num_new, num_spec))
             budget -= num_new
             i += 1
 
@@ -199,8 +205,12 @@ class Scheduler:
             self.waiting.sort(key=self._order_key)
 
     # ---------------------------------------------------------- bookkeeping
-    def on_step_done(self, out: SchedulerOutput) -> None:
-        """Advance computed-token counters and register newly full blocks in the prefix cache."""
-        for s in out.scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
-            self.blocks.cache_computed_blocks(s.seq)
+    def commit_computed(self, seq: Sequence, num_computed: int) -> None:
+        """After a step: ``num_computed`` tokens of ``seq`` have valid K/V. Surplus blocks (rejected
+        speculative tokens) are released and newly full blocks enter the prefix cache."""
+        seq.num_computed_tokens = num_computed
+        seq.draft_num_computed = min(seq.draft_num_computed, num_computed)
+        seq.spec_token_ids = []
+        if seq.block_ids:
+            self.blocks.truncate(seq, max(seq.num_tokens, num_computed))
+            self.blocks.cache_computed_blocks(seq)

@@ -44,6 +44,8 @@ class Sequence:
         self.cache_salt = cache_salt
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
+        self.spec_token_ids: list[int] = []  # draft tokens proposed for the next step (not yet verified)
+        self.draft_num_computed = 0  # tokens whose K/V the draft model has in its cache
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks of token_ids
         self.num_cached_tokens = 0  # prompt tokens that the prefix cache supplied at first admission

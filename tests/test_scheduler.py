@@ -32,10 +32,11 @@ def seq(i, n_prompt, arrival=None, priority=0, tokens=None):
 
 def fake_step(sched):
     out = sched.schedule()
-    sampled = [s.seq for s in out.scheduled if s.samples]
-    sched.on_step_done(out)
-    for s in sampled:
-        s.token_ids.append(1)
+    for s in out.scheduled:
+        computed = s.seq.num_computed_tokens + s.num_new_tokens
+        if s.samples:
+            s.seq.token_ids.append(1)
+        sched.commit_computed(s.seq, computed)
     return out
 
 

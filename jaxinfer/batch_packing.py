@@ -1,0 +1,69 @@
+"""Packing host-side work into a padded StepBatch (numpy in, device arrays out).
+
+A work item is one sequence's contribution to a step: its block ids, the position of its first new token,
+the new tokens, and how many of its trailing positions need logits (1 for a normal step, 1 + k when k
+speculative tokens are verified, 0 for a prefill chunk that does not reach the end of the prompt). Counts
+are padded to powers of two (tokens, sequences, blocks per sequence, logits rows, longest query run), so a
+serving workload touches only a few compiled shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxinfer.batch import NULL_SLOT, StepBatch, bucket
+
+
+@dataclasses.dataclass
+class WorkItem:
+    block_ids: list[int]
+    start: int  # position of tokens[0]
+    tokens: list[int]
+    num_logits: int  # trailing positions whose logits are returned
+
+
+def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int) -> tuple[StepBatch, int, list[int]]:
+    """Returns (device StepBatch, static max_q_len, first logits row of each item)."""
+    bs = block_size
+    num_tokens = sum(len(w.tokens) for w in items)
+    T = bucket(num_tokens, 8)
+    S = bucket(len(items))
+    MB = min(bucket(max(len(w.block_ids) for w in items)), bucket(max_blocks_per_seq))
+    max_q = min(bucket(max(len(w.tokens) for w in items)), T)
+    R = bucket(max(sum(w.num_logits for w in items), 1))
+
+    token_ids = np.zeros(T, np.int32)
+    positions = np.zeros(T, np.int32)
+    slot_mapping = np.full(T, NULL_SLOT, np.int32)
+    block_tables = np.zeros((S, MB), np.int32)
+    cu_q_lens = np.zeros(S + 1, np.int32)
+    kv_lens = np.zeros(S, np.int32)
+    logits_indices = np.zeros(R, np.int32)
+    row_starts = []
+    t = r = 0
+    for i, w in enumerate(items):
+        n = len(w.tokens)
+        token_ids[t : t + n] = w.tokens
+        pos = np.arange(w.start, w.start + n)
+        positions[t : t + n] = pos
+        blocks = np.asarray(w.block_ids, np.int32)
+        slot_mapping[t : t + n] = blocks[pos // bs] * bs + pos % bs
+        block_tables[i, : len(blocks)] = blocks
+        kv_lens[i] = w.start + n
+        row_starts.append(r)
+        logits_indices[r : r + w.num_logits] = np.arange(t + n - w.num_logits, t + n)
+        r += w.num_logits
+        t += n
+        cu_q_lens[i + 1] = t
+    cu_q_lens[len(items) + 1 :] = t
+    batch = StepBatch(token_ids, positions, slot_mapping, block_tables, cu_q_lens, kv_lens, logits_indices)
+    return jax.device_put(batch), max_q, row_starts
+
+
+def signature(batch: StepBatch, max_q: int) -> tuple:
+    """The compiled-shape key of a step."""
+    return (batch.token_ids.shape[0], batch.kv_lens.shape[0], batch.block_tables.shape[1],
+            batch.logits_indices.shape[0], max_q)

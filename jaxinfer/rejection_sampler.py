@@ -1,0 +1,98 @@
+"""Lossless verification of speculative tokens (device side).
+
+Each row is one scored position of a sequence under speculation: the target model's logits there, and
+(except at the last position) the drafted token ``d`` with the draft's distribution ``q`` (a point mass
+for n-gram proposals). With ``p`` the target's processed distribution (penalties excluded, temperature,
+top-k/top-p/min-p applied, greedy = point mass at the argmax):
+
+* accept ``d`` with probability ``min(1, p(d) / q(d))``;
+* otherwise emit a sample from the normalised residual ``max(0, p - q)``; at the bonus position (no draft)
+  emit a sample from ``p``.
+
+This leaves the distribution of every emitted token exactly ``p`` (Leviathan et al., 2023); for greedy rows
+it reduces to "accept iff d is the argmax, else emit the argmax", i.e. plain greedy decoding. Random numbers
+come from the row's own key ``fold_in(key(seed), step)``, split into an acceptance and a resampling key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.sampler import SamplingMetadata, processed_logits, row_keys
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class VerifyOutput:
+    accepted: jax.Array  # [R] bool   the row's draft token was accepted
+    tokens: jax.Array  # [R] i32      emitted token: the draft if accepted, else the resampled one
+    logprobs: jax.Array  # [R] f32    raw logprob of the emitted token
+    topk_ids: jax.Array  # [R, K] i32
+    topk_logprobs: jax.Array  # [R, K] f32
+
+
+@functools.partial(jax.jit, static_argnames=("num_logprobs", "apply_truncation"))
+def verify(
+    logits: jax.Array,
+    md: SamplingMetadata,
+    draft_tokens: jax.Array,
+    draft_probs: jax.Array | None,
+    *,
+    num_logprobs: int,
+    apply_truncation: bool,
+) -> VerifyOutput:
+    """logits [R, V]; draft_tokens [R] i32 (-1: no draft at this row); draft_probs [R, V] or None (point mass)."""
+    vocab = logits.shape[-1]
+    target = jax.nn.softmax(
+        processed_logits(logits, md, apply_penalties=False, apply_truncation=apply_truncation), axis=-1
+    )
+    has_draft = draft_tokens >= 0
+    d = jnp.clip(draft_tokens, 0, vocab - 1)
+    p_d = jnp.take_along_axis(target, d[:, None], axis=-1)[:, 0]
+    if draft_probs is None:
+        q = jax.nn.one_hot(d, vocab, dtype=jnp.float32)
+    else:
+        q = draft_probs.astype(jnp.float32)
+    q = jnp.where(has_draft[:, None], q, 0.0)
+    q_d = jnp.take_along_axis(q, d[:, None], axis=-1)[:, 0]
+
+    keys = row_keys(md.seeds, md.steps)
+    accept_keys, resample_keys = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(accept_keys)
+    accepted = has_draft & (u * q_d < p_d)
+
+    residual = jnp.maximum(target - q, 0.0)
+    # p == q makes the residual empty; rejection then has probability 0, so any fallback is unreachable
+    residual = jnp.where(jnp.sum(residual, axis=-1, keepdims=True) > 0, residual, target)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(resample_keys)
+    resampled = jnp.argmax(jnp.log(residual) + gumbel, axis=-1).astype(jnp.int32)
+    tokens = jnp.where(accepted, d, resampled).astype(jnp.int32)
+
+    raw = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    token_logprobs = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
+    if num_logprobs:
+        topk_logprobs, topk_ids = jax.lax.top_k(raw, num_logprobs)
+    else:
+        topk_logprobs = jnp.zeros((logits.shape[0], 0), jnp.float32)
+        topk_ids = jnp.zeros((logits.shape[0], 0), jnp.int32)
+    return VerifyOutput(accepted, tokens, token_logprobs, topk_ids.astype(jnp.int32), topk_logprobs)
+
+
+def draft_sample(logits: jax.Array, md: SamplingMetadata, *, apply_truncation: bool):
+    """A draft model's proposal per row: (token [S] i32, its processed distribution q [S, V]).
+
+    Uses keys independent of the target's (the seed is offset), so the proposal and the acceptance test
+    draw independent randomness.
+    """
+    final = processed_logits(logits, md, apply_penalties=False, apply_truncation=apply_truncation)
+    q = jax.nn.softmax(final, axis=-1)
+    keys = row_keys(md.seeds ^ jnp.uint32(0x9E3779B9), md.steps)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
+    return jnp.argmax(final + gumbel, axis=-1).astype(jnp.int32), q
+
+
+draft_sample_jit = jax.jit(draft_sample, static_argnames=("apply_truncation",))
