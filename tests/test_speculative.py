@@ -1,0 +1,192 @@
+"""Speculative decoding: greedy output identical with speculation on and off (n-gram and draft model,
+also under prefix caching, chunked prefill and preemption), and the rejection sampler preserves the
+target distribution exactly."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.rejection_sampler import verify
+from jaxinfer.sampler import SamplingMetadata, processed_logits
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def _prompts():
+    rng = np.random.default_rng(5)
+    chunk = rng.integers(0, 256, size=12).tolist()
+    return [
+        chunk + rng.integers(0, 256, size=5).tolist() + chunk,  # repeated span: n-gram has something to copy
+        rng.integers(0, 256, size=30).tolist(),
+        chunk * 3,
+        rng.integers(0, 256, size=7).tolist(),
+    ]
+
+
+def _run(llm, prompts=None, params=GREEDY):
+    prompts = prompts or _prompts()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _no_leak(llm):
+    s = llm.llm_engine.stats()
+    assert s["free_blocks"] == s["total_blocks"]
+    llm.llm_engine.block_manager.check_invariants()
+
+
+@pytest.fixture(scope="module")
+def reference(hf_checkpoints):
+    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64,
+              enable_prefix_caching=False)
+    return _run(llm)
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1,
+         "adaptive": False}
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        dict(),  # plain
+        dict(max_num_batched_tokens=6),  # chunked prefill with a tiny budget, drafts trimmed to the budget
+        dict(num_kv_blocks=9, max_model_len=80, max_num_batched_tokens=32),  # preemption
+    ],
+    ids=["plain", "tiny-budget", "preemption"],
+)
+def test_ngram_greedy_identical(hf_checkpoints, reference, engine_kwargs):
+    kwargs = dict(max_model_len=128, num_kv_blocks=64, speculative_config=NGRAM)
+    kwargs.update(engine_kwargs)
+    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), **kwargs)
+    assert _run(llm) == reference
+    assert _run(llm) == reference  # again, with a warm prefix cache
+    s = llm.llm_engine.stats()
+    assert s["num_draft_tokens"] > 0 and 0 <= s["num_accepted_tokens"] <= s["num_draft_tokens"]
+    if "num_kv_blocks" in engine_kwargs:
+        assert s["num_preemptions"] > 0
+    _no_leak(llm)
+
+
+def test_draft_model_greedy_identical(hf_checkpoints, reference):
+    spec = {"method": "draft_model", "model": str(hf_checkpoints["llama_mqa_tied"]), "num_speculative_tokens": 3,
+            "adaptive": False}
+    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64,
+              speculative_config=spec, max_num_batched_tokens=16)
+    assert _run(llm) == reference
+    s = llm.llm_engine.stats()
+    assert s["num_draft_tokens"] > 0
+    _no_leak(llm)
+
+
+def test_target_as_its_own_draft_accepts_everything(hf_checkpoints, reference):
+    """A draft identical to the target must be accepted at every position (greedy): this checks that the
+    draft's own KV cache follows the target's through catch-up, acceptance and rollback."""
+    path = str(hf_checkpoints["llama_gqa"])
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 4, "adaptive": False}
+    llm = LLM(model=path, max_model_len=128, num_kv_blocks=64, speculative_config=spec)
+    assert _run(llm) == reference
+    s = llm.llm_engine.stats()
+    assert s["num_draft_tokens"] > 20 and s["num_accepted_tokens"] == s["num_draft_tokens"]
+    _no_leak(llm)
+
+
+def test_speculation_respects_stop_tokens_and_max_tokens(hf_checkpoints, reference):
+    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64, speculative_config=NGRAM)
+    ref = reference[2]
+    stop = ref[9]
+    out = llm.generate([{"prompt_token_ids": _prompts()[2]}],
+                       SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop]), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == ref[: ref.index(stop) + 1]
+    out = llm.generate([{"prompt_token_ids": _prompts()[2]}],
+                       SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == ref[:7]
+    _no_leak(llm)
+
+
+def test_bad_speculative_configs(hf_checkpoints, tmp_path):
+    path = str(hf_checkpoints["llama_gqa"])
+    for bad, match in [
+        ({"method": "eagle", "num_speculative_tokens": 2}, "method"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "draft": "x"}, "unknown"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            LLM(model=path, max_model_len=64, speculative_config=bad)
+    import transformers
+
+    other = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, max_position_embeddings=512)
+    transformers.AutoModelForCausalLM.from_config(other).save_pretrained(tmp_path / "d")
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(model=path, max_model_len=64,
+            speculative_config={"method": "draft_model", "model": str(tmp_path / "d"), "num_speculative_tokens": 2})
+
+
+# ---------------------------------------------------------------- the rejection sampler, exactly
+def _md(n, temperature, top_k=0):
+    return SamplingMetadata(
+        temperature=jnp.full(n, temperature, jnp.float32), top_k=jnp.full(n, top_k, jnp.int32),
+        top_p=jnp.ones(n, jnp.float32), min_p=jnp.zeros(n, jnp.float32),
+        presence_penalty=jnp.zeros(n, jnp.float32), frequency_penalty=jnp.zeros(n, jnp.float32),
+        repetition_penalty=jnp.ones(n, jnp.float32), seeds=jnp.arange(n, dtype=jnp.uint32),
+        steps=jnp.full(n, 3, jnp.int32), prompt_token_ids=jnp.full((n, 1), -1, jnp.int32),
+        output_token_ids=jnp.full((n, 1), -1, jnp.int32), banned_token_ids=jnp.full((n, 1), -1, jnp.int32))
+
+
+def _chi_square_ok(counts, probs, n):
+    keep = probs > 0
+    assert counts[~keep].sum() == 0, "a token outside the target's support was emitted"
+    expected = probs[keep] * n
+    stat = float(((counts[keep] - expected) ** 2 / expected).sum())
+    dof = int(keep.sum()) - 1
+    # Wilson-Hilferty approximation of the chi-square 0.999 quantile
+    z = 3.09
+    crit = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+    return stat < crit, (stat, crit)
+
+
+@pytest.mark.parametrize("draft", ["point_mass", "distribution"])
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_rejection_sampling_preserves_the_target_distribution(draft, top_k):
+    n, vocab = 40000, 6
+    logits_row = jnp.asarray([2.0, 1.0, 0.5, 0.0, -0.5, 1.5])
+    logits = jnp.tile(logits_row, (n, 1))
+    md = _md(n, 0.8, top_k)
+    target = np.asarray(jax.nn.softmax(processed_logits(logits[:1], _md(1, 0.8, top_k)), axis=-1))[0]
+    rng = np.random.default_rng(0)
+    q_row = np.asarray([0.05, 0.1, 0.5, 0.05, 0.2, 0.1])  # a draft that disagrees with the target
+    drafts = rng.choice(vocab, size=n, p=q_row).astype(np.int32)
+    probs = jnp.tile(jnp.asarray(q_row, jnp.float32), (n, 1)) if draft == "distribution" else None
+    out = verify(logits, md, jnp.asarray(drafts), probs, num_logprobs=0, apply_truncation=top_k > 0)
+    counts = np.bincount(np.asarray(out.tokens), minlength=vocab)
+    ok, detail = _chi_square_ok(counts, target, n)
+    assert ok, detail
+    acc = np.asarray(out.accepted)
+    assert np.all(np.asarray(out.tokens)[acc] == drafts[acc])
+    # acceptance rate equals its exact value: sum_x min(p(x), q(x)) for a distribution draft, sum_x q(x) p(x) for point masses
+    q_used = q_row
+    expected_rate = np.minimum(target, q_used).sum() if draft == "distribution" else (q_used * target).sum()
+    assert abs(acc.mean() - expected_rate) < 4 * math.sqrt(expected_rate * (1 - expected_rate) / n)
+
+
+def test_greedy_verification_is_argmax():
+    logits = jax.random.normal(jax.random.key(0), (64, 50))
+    md = _md(64, 0.0)
+    drafts = np.asarray(jnp.argmax(logits, -1)).astype(np.int32)
+    drafts[::2] = (drafts[::2] + 1) % 50  # every other draft wrong
+    drafts[5] = -1  # a bonus row
+    out = verify(logits, md, jnp.asarray(drafts), None, num_logprobs=2, apply_truncation=False)
+    argmax = np.asarray(jnp.argmax(logits, -1))
+    assert np.array_equal(np.asarray(out.tokens), argmax)
+    assert np.array_equal(np.asarray(out.accepted), (drafts == argmax) & (drafts >= 0))
+    raw = np.asarray(jax.nn.log_softmax(logits, -1))
+    np.testing.assert_allclose(np.asarray(out.logprobs), raw[np.arange(64), argmax], atol=1e-6)
