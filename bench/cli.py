@@ -6,11 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import compare, latency
+from bench import compare, kernels, latency, prefix, serve, spec
 
 EXPERIMENTS = {
     "latency": latency,
     "compare": compare,
+    "kernels": kernels,
+    "spec": spec,
+    "serve": serve,
+    "prefix": prefix,
 }
 
 
