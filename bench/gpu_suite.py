@@ -1,0 +1,256 @@
+"""Helpers of the one-call GPU suite (``bench/gpu_suite.sh``): measured ceilings, a tiny model, the summary.
+
+* ``ceilings --output F``: machine info, a device-to-device copy of a large random array (bytes read plus
+  bytes written over the median time), a large bf16 matmul on random data (FLOP/s), and
+  ``bench.hardware.measure_bandwidth`` (the probe the other benchmarks scale by).
+* ``tiny-model DIR``: a random tiny Llama in HF format (config.json + model.safetensors, numpy only), so
+  the suite's smoke mode can run the engine end to end on a CPU.
+* ``summary --out-dir D --stages F``: reads every JSON the suite wrote and the stage log, writes
+  ``summary.json`` and prints the compact table the suite ends with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+KV_TOKENS_FOR_BANDWIDTH = 16384  # "paged attention >= 80% of bandwidth at >= 16k KV tokens"
+
+
+# --------------------------------------------------------------------------------------------- ceilings
+
+
+def _median_seconds(fn, warmup: int = 3, repeats: int = 10) -> float:
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure_ceilings(copy_bytes: int, matmul_size: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from bench import hardware
+
+    x = jax.random.uniform(jax.random.key(0), (copy_bytes // 4,), jnp.float32)
+    copy = jax.jit(jnp.copy)  # a fresh output buffer: XLA cannot alias a non-donated input
+    copy_s = _median_seconds(lambda: copy(x))
+    del x
+    n = matmul_size
+    ka, kb = jax.random.split(jax.random.key(1))
+    a = jax.random.normal(ka, (n, n), jnp.bfloat16)
+    b = jax.random.normal(kb, (n, n), jnp.bfloat16)
+    matmul = jax.jit(lambda p, q: p @ q)
+    matmul_s = _median_seconds(lambda: matmul(a, b))
+    del a, b
+    bw = hardware.measure_bandwidth()
+    return {
+        "benchmark": "ceilings",
+        "machine": hardware.machine_info(),
+        "copy": {"bytes": copy_bytes, "seconds": copy_s, "gb_per_s": 2 * copy_bytes / copy_s / 1e9,
+                 "note": "device-to-device copy of random float32; bytes read + bytes written"},
+        "matmul_bf16": {"m": n, "n": n, "k": n, "seconds": matmul_s, "tflop_per_s": 2 * n**3 / matmul_s / 1e12,
+                        "note": "random normal bf16 operands, XLA dot, median of 10 after 3 warm-ups"},
+        "bandwidth_probes": bw.to_json(),
+    }
+
+
+# ------------------------------------------------------------------------------------------- tiny model
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 512, "tie_word_embeddings": False,
+    "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+}
+
+
+def write_tiny_model(path: Path, seed: int = 0) -> Path:
+    """A random tiny Llama as an HF directory (tensor names and layouts from ``jaxinfer.weights``)."""
+    from safetensors.numpy import save_file
+
+    from jaxinfer.config import ModelConfig
+    from jaxinfer.weights import spec_leaves_with_paths
+
+    cfg = ModelConfig.from_hf_dict(TINY_LLAMA)
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for _, spec in spec_leaves_with_paths(cfg):
+        if spec.init == "ones":
+            arr = np.ones(spec.shape, np.float32)
+        else:
+            arr = (0.05 * rng.standard_normal(spec.shape)).astype(np.float32)
+        tensors[spec.hf_name] = np.ascontiguousarray(arr.T if spec.transpose else arr)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(TINY_LLAMA, indent=2) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- summary
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def kernel_summary(payload: dict | None) -> dict | None:
+    """Counts, and the bandwidth fraction of the timed cases with >= 16k KV tokens in the batch."""
+    if not payload:
+        return None
+    results = payload.get("results", [])
+    counts = {s: sum(r.get("status") == s for r in results) for s in ("PASS", "FAIL", "ERROR", "SKIPPED")}
+    timed = [r for r in results if r.get("timing")]
+    long = [r for r in timed if r.get("total_kv_tokens", 0) >= KV_TOKENS_FOR_BANDWIDTH
+            and r["timing"].get("bandwidth_fraction") is not None]
+    fractions = sorted(r["timing"]["bandwidth_fraction"] for r in long)
+    speedups = [r["timing"]["speedup_vs_xla"] for r in timed if r["timing"].get("speedup_vs_xla")]
+    best = max(long, key=lambda r: r["timing"]["bandwidth_fraction"], default=None)
+    return {
+        "counts": counts, "cases": max(len(results), payload.get("planned_cases") or 0), "timed": len(timed),
+        "bandwidth_gb_per_s": (payload.get("bandwidth") or {}).get("gb_per_s"),
+        "long_kv_cases": len(long),
+        "long_kv_bandwidth_fraction_median": statistics.median(fractions) if fractions else None,
+        "long_kv_bandwidth_fraction_min": fractions[0] if fractions else None,
+        "long_kv_bandwidth_fraction_max": fractions[-1] if fractions else None,
+        "long_kv_best_case": best["name"] if best else None,
+        "speedup_vs_xla_median": statistics.median(speedups) if speedups else None,
+        "failures": [f"{r['name']}: {r.get('error') or (r.get('correctness') or {}).get('kernel', {}).get('reason')}"
+                     for r in results if r.get("status") in ("FAIL", "ERROR")],
+    }
+
+
+def latency_summary(payload: dict | None) -> dict | None:
+    if not payload:
+        return None
+    rows = {}
+    for r in payload.get("results", []):
+        rows[str(r["batch_size"])] = {"tpot_ms": r["tpot_s"] * 1e3, "floor_ms": r["floor_s"] * 1e3,
+                                      "floor_over_tpot": r["bandwidth_fraction"], "tok_per_s": r["tok_per_s"]}
+    return {"model": payload.get("model"), "dtype": payload.get("dtype"),
+            "bandwidth_gb_per_s": (payload.get("bandwidth") or {}).get("gb_per_s"),
+            "recompiles_after_warmup": payload.get("recompiles_after_warmup"), "batches": rows}
+
+
+def _fmt(v, spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def summarize(out_dir: Path, stages_file: Path | None) -> dict:
+    stages = []
+    if stages_file and stages_file.is_file():
+        stages = [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()]
+    ceilings = _load(out_dir / "ceilings.json")
+    summary = {
+        "benchmark": "gpu_suite",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": (ceilings or {}).get("machine") or _machine_info_or_none(),
+        "stages": stages,
+        "ceilings": None if not ceilings else {
+            "copy_gb_per_s": ceilings["copy"]["gb_per_s"],
+            "matmul_bf16_tflop_per_s": ceilings["matmul_bf16"]["tflop_per_s"],
+            "matmul_size": ceilings["matmul_bf16"]["m"],
+            "measure_bandwidth_gb_per_s": ceilings["bandwidth_probes"]["gb_per_s"],
+        },
+        "kernel_check": kernel_summary(_load(out_dir / "kernels_check.json")),
+        "kernel_sweep": kernel_summary(_load(out_dir / "kernels.json")),
+        "latency": {p.stem: latency_summary(_load(p)) for p in sorted(out_dir.glob("latency_*.json"))},
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    print_summary(summary)
+    return summary
+
+
+def _machine_info_or_none():
+    try:
+        from bench import hardware
+
+        return hardware.machine_info()
+    except Exception:  # summary must print even when JAX cannot start
+        return None
+
+
+def print_summary(s: dict) -> None:
+    m = s.get("machine") or {}
+    lines = [f"== jaxinfer GPU suite: {m.get('device', '?')} | jax {m.get('jax_version', '?')} | {s['date']}"]
+    for st in s["stages"]:
+        lines.append(f"   stage {st['stage']:<24} {st['status']:<8} rc={st['rc']:<4} {st['seconds']:>4}s"
+                     f" (limit {st['limit_s']}s)")
+    c = s["ceilings"]
+    if c:
+        lines.append(f"ceilings: copy {_fmt(c['copy_gb_per_s'], '.0f')} GB/s | measure_bandwidth "
+                     f"{_fmt(c['measure_bandwidth_gb_per_s'], '.0f')} GB/s | bf16 matmul {c['matmul_size']}^3 "
+                     f"{_fmt(c['matmul_bf16_tflop_per_s'], '.3g')} TFLOP/s")
+    for key in ("kernel_check", "kernel_sweep"):
+        k = s[key]
+        if not k:
+            lines.append(f"{key}: no result")
+            continue
+        cnt = k["counts"]
+        line = (f"{key}: PASS {cnt['PASS']} FAIL {cnt['FAIL']} ERROR {cnt['ERROR']} SKIPPED {cnt['SKIPPED']}"
+                f" (of {k['cases']}; timed {k['timed']})")
+        if k["timed"]:
+            line += (f" | BW {_fmt(k['bandwidth_gb_per_s'], '.0f')} GB/s; >=16k KV tokens ({k['long_kv_cases']} cases):"
+                     f" median {_fmt(k['long_kv_bandwidth_fraction_median'], '.0%')}"
+                     f" min {_fmt(k['long_kv_bandwidth_fraction_min'], '.0%')}"
+                     f" max {_fmt(k['long_kv_bandwidth_fraction_max'], '.0%')} of BW"
+                     f" | vs XLA median {_fmt(k['speedup_vs_xla_median'], '.2f')}x")
+        lines.append(line)
+        lines += [f"   ! {f[:150]}" for f in k["failures"][:6]]
+    for name, lat in s["latency"].items():
+        if not lat:
+            lines.append(f"{name}: no result")
+            continue
+        parts = [f"b{b}: TPOT {_fmt(r['tpot_ms'], '.2f')} ms, floor {_fmt(r['floor_ms'], '.2f')} ms "
+                 f"({_fmt(r['floor_over_tpot'], '.0%')})" for b, r in lat["batches"].items()]
+        lines.append(f"{name}: " + " | ".join(parts) + f" | recompiles {lat['recompiles_after_warmup']}")
+    print("\n".join(lines), flush=True)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_suite", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("ceilings")
+    c.add_argument("--copy-bytes", type=int, default=4 << 30)
+    c.add_argument("--matmul-size", type=int, default=8192)
+    c.add_argument("--output", required=True)
+    t = sub.add_parser("tiny-model")
+    t.add_argument("path")
+    s = sub.add_parser("summary")
+    s.add_argument("--out-dir", required=True)
+    s.add_argument("--stages", default=None)
+    args = p.parse_args(argv)
+    if args.cmd == "ceilings":
+        payload = measure_ceilings(args.copy_bytes, args.matmul_size)
+        Path(args.output).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        print(f"copy {payload['copy']['gb_per_s']:.0f} GB/s; bf16 matmul {payload['matmul_bf16']['tflop_per_s']:.1f} "
+              f"TFLOP/s; measure_bandwidth {payload['bandwidth_probes']['gb_per_s']:.0f} GB/s "
+              f"({payload['bandwidth_probes']['probe']}) on {payload['machine']['device']}")
+    elif args.cmd == "tiny-model":
+        print(f"wrote {write_tiny_model(Path(args.path))}")
+    else:
+        summarize(Path(args.out_dir), Path(args.stages) if args.stages else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
