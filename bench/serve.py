@@ -1,0 +1,401 @@
+"""``jaxinfer-bench serve``: online serving under Poisson arrivals, static vs continuous batching.
+
+A workload is a list of requests, each with an arrival time (gaps drawn from a gamma distribution of shape
+``--burstiness`` and mean ``1 / --rate``; shape 1 is a Poisson process), a prompt of random token ids and an
+output length (fixed, or uniform over a range). One thread replays it against the wall clock: before every
+``engine.step()`` it adds each request whose arrival time has passed, stamped with that arrival time in the
+engine's clock (``time.monotonic``), so time spent queued behind a running step counts as latency, exactly as
+in a server. When nothing runs or waits it sleeps until the next arrival. Decoding is greedy with
+``ignore_eos``, so every request produces exactly its output length.
+
+Before the timed run the same engine replays the same schedule (other prompt tokens) up to
+``--warmup-passes`` times, stopping after a pass that compiled nothing new: on CPU one compilation takes
+seconds, longer than the effect being measured. ``num_compilations`` before and after are reported, and the
+time spent in steps that compiled ("compile stall"), so a recompile inside the timed run shows.
+
+Reported per run: TTFT, TPOT (``(finish - first token) / (n_out - 1)``), ITL (gaps between a request's
+consecutive tokens, as seen by the driver after each step) and end-to-end latency, each at P50/P90/P99;
+output throughput over the makespan (first arrival to last finish); batch occupancy (sequences running in
+each step) over time. ``--compare`` runs static and continuous batching on the identical schedule (fresh
+engine each) and prints their ratios.
+
+Default scenario (the seed experiment, 32 requests), chosen to represent it rather than to hit a number:
+- output lengths uniform over 16..256 tokens: the variance of output lengths is what static batching pays
+  for, since a static batch holds every slot until its longest request ends;
+- prompts uniform over 32..256 tokens (chat-sized prompts, prefill a minor share of the work);
+- ``--rate 4`` req/s, Poisson: the 32 requests arrive over ~8 s and offer 4 x 136 = ~540 output tok/s.
+  On the 2-core CPU with the embedded ~6M-parameter model a decode step measured ~8 ms at 4 sequences,
+  ~16 ms at 12 and ~24 ms at 32 (quiet machine), so a continuous batcher can serve that load at a batch
+  of ~10-15 (loaded, not saturated), while a static batcher lets the queue grow behind each batch's
+  longest request. On a machine shared with other jobs the same rate can saturate: compare
+  ``output_throughput_tok_s`` with the offered load before reading the latencies;
+- ``max_num_seqs=32`` (every request could share one batch, so static batching is not capped artificially)
+  and the engine's default ``static_batch_timeout_s=0.5``: an idle static batcher waits at most 0.5 s to
+  fill a batch; under load the queue is older than that whenever a batch ends, so it rarely matters.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import gc
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+from bench import hardware, report
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.outputs import RequestOutput
+
+PERCENTILES = (50, 90, 99)
+DEFAULT_INPUT_LEN_RANGE = (32, 256)
+DEFAULT_OUTPUT_LEN_RANGE = (16, 256)
+MODES = ("static", "continuous")
+_POLL_S = 0.001  # how long the driver sleeps while a static batch is still forming
+
+
+# ---------------------------------------------------------------------------------------------- workload
+@dataclasses.dataclass(frozen=True)
+class TimedRequest:
+    request_id: str
+    arrival_s: float  # seconds after the start of the run
+    prompt_token_ids: tuple[int, ...]
+    output_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadSpec:
+    num_requests: int
+    rate: float  # requests per second; inf = all at once
+    burstiness: float  # gamma shape of the inter-arrival gaps; 1.0 = Poisson
+    input_len_range: tuple[int, int]  # inclusive; (n, n) = fixed
+    output_len_range: tuple[int, int]
+    seed: int
+
+    def __post_init__(self):
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s (inf = all at once), got {self.rate}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness (gamma shape) must be > 0, got {self.burstiness}")
+        for name in ("input_len_range", "output_len_range"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{name} must satisfy 1 <= low <= high, got {(lo, hi)}")
+
+    @property
+    def max_len(self) -> int:
+        return self.input_len_range[1] + self.output_len_range[1]
+
+    @property
+    def offered_output_tok_s(self) -> float:
+        """Mean output tokens per second the arrivals ask for (rate x mean output length)."""
+        return self.rate * sum(self.output_len_range) / 2
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times (s) of n requests: the first at 0, then gamma gaps of mean 1/rate and shape burstiness."""
+    if math.isinf(rate):
+        return np.zeros(n)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def make_workload(spec: WorkloadSpec, vocab_size: int, token_variant: int = 0, id_prefix: str = "req") -> list[TimedRequest]:
+    """The schedule and lengths depend only on ``spec``; the prompt tokens also on ``token_variant``, so a
+    warm-up can replay the same shapes with different tokens (no prefix-cache hits on the timed run)."""
+    rng = np.random.default_rng([spec.seed, 0])
+    arrivals = arrival_offsets(spec.num_requests, spec.rate, spec.burstiness, rng)
+    in_lens = rng.integers(spec.input_len_range[0], spec.input_len_range[1] + 1, size=spec.num_requests)
+    out_lens = rng.integers(spec.output_len_range[0], spec.output_len_range[1] + 1, size=spec.num_requests)
+    tok_rng = np.random.default_rng([spec.seed, 1, token_variant])
+    return [
+        TimedRequest(f"{id_prefix}-{i}", float(arrivals[i]),
+                     tuple(int(t) for t in tok_rng.integers(0, vocab_size, size=int(in_lens[i]))), int(out_lens[i]))
+        for i in range(spec.num_requests)
+    ]
+
+
+def greedy_params(req: TimedRequest) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=req.output_len, ignore_eos=True)
+
+
+# -------------------------------------------------------------------------------------------- the driver
+@dataclasses.dataclass(frozen=True)
+class StepSample:
+    time_s: float  # when the step returned, seconds after the start of the run
+    num_running: int  # sequences in the batch of this step
+    num_waiting: int  # requests queued when it returned (in the engine, or arrived during the step)
+    duration_s: float  # wall time of engine.step()
+    compiled: bool  # the step met a shape not compiled before
+
+
+@dataclasses.dataclass
+class Trace:
+    start: float  # engine clock (time.monotonic) at offset 0 of the schedule
+    outputs: dict[str, RequestOutput]  # final output of every request
+    token_times: dict[str, list[float]]  # engine-clock time at which each output token was seen
+    steps: list[StepSample]
+    num_compilations_before: int
+    num_compilations_after: int
+
+
+def replay(engine, workload: list[TimedRequest], params_for: Callable[[TimedRequest], SamplingParams] = greedy_params) -> Trace:
+    """Replay ``workload`` against the wall clock in this thread; return when every request finished."""
+    pending = sorted(workload, key=lambda r: r.arrival_s)
+    arrivals = [r.arrival_s for r in pending]
+    token_times: dict[str, list[float]] = {r.request_id: [] for r in workload}
+    outputs: dict[str, RequestOutput] = {}
+    steps: list[StepSample] = []
+    compilations_before = engine.stats()["num_compilations"]
+    nxt = 0
+    start = time.monotonic()
+    while True:
+        now = time.monotonic()
+        while nxt < len(pending) and start + pending[nxt].arrival_s <= now:
+            r = pending[nxt]
+            engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, params_for(r),
+                               arrival_time=start + r.arrival_s)
+            nxt += 1
+        next_arrival = start + pending[nxt].arrival_s if nxt < len(pending) else math.inf
+        if not engine.has_unfinished_requests():
+            if nxt == len(pending):
+                break
+            time.sleep(max(0.0, next_arrival - time.monotonic()))
+            continue
+        stats = engine.stats()
+        t_step = time.monotonic()
+        outs = engine.step()
+        t = time.monotonic()
+        steps_before, compiled_before = stats["num_steps"], stats["num_compilations"]
+        stats = engine.stats()
+        if stats["num_steps"] == steps_before:  # nothing scheduled: a static batch is still forming
+            time.sleep(max(0.0, min(_POLL_S, next_arrival - t)))
+            continue
+        num_finished = 0
+        for out in outs:
+            times = token_times[out.request_id]
+            times.extend([t] * (len(out.outputs[0].token_ids) - len(times)))
+            if out.finished:
+                outputs[out.request_id] = out
+                num_finished += 1
+        arrived_during_step = bisect.bisect_right(arrivals, t - start) - nxt
+        steps.append(StepSample(t - start, stats["num_running"] + num_finished,
+                                stats["num_waiting"] + arrived_during_step, t - t_step,
+                                stats["num_compilations"] > compiled_before))
+    return Trace(start, outputs, token_times, steps, compilations_before, engine.stats()["num_compilations"])
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def percentiles(values) -> dict:
+    """P50/P90/P99 (linear interpolation, so ordered) and the mean; NaN for no values."""
+    v = np.asarray(list(values), dtype=np.float64)
+    if v.size == 0:
+        return {**{f"p{p}": math.nan for p in PERCENTILES}, "mean": math.nan}
+    qs = np.percentile(v, PERCENTILES)
+    return {**{f"p{p}": float(q) for p, q in zip(PERCENTILES, qs)}, "mean": float(v.mean())}
+
+
+def summarize(trace: Trace, workload: list[TimedRequest]) -> dict:
+    """Per-request records, latency percentiles, throughput and the occupancy timeline of one replay."""
+    missing = [r.request_id for r in workload if r.request_id not in trace.outputs]
+    if missing:
+        raise RuntimeError(f"{len(missing)} requests did not finish: {missing[:5]}")
+    requests, itl = [], []
+    for r in workload:
+        out = trace.outputs[r.request_id]
+        m = out.metrics
+        n_out = len(out.outputs[0].token_ids)
+        requests.append({
+            "request_id": r.request_id, "arrival_s": r.arrival_s, "input_len": len(r.prompt_token_ids),
+            "output_len": n_out, "requested_output_len": r.output_len,
+            "queue_s": m.first_scheduled_time - m.arrival_time,
+            "ttft_s": m.first_token_time - m.arrival_time,
+            "tpot_s": (m.finished_time - m.first_token_time) / (n_out - 1) if n_out > 1 else None,
+            "e2e_s": m.finished_time - m.arrival_time,
+            "num_cached_tokens": m.num_cached_tokens,
+        })
+        itl.extend(np.diff(trace.token_times[r.request_id]).tolist())
+    last_finish = max(trace.outputs[r.request_id].metrics.finished_time for r in workload)
+    makespan = last_finish - trace.start
+    total_out = sum(q["output_len"] for q in requests)
+    running = [s.num_running for s in trace.steps]
+    return {
+        "num_requests": len(workload),
+        "total_input_tokens": sum(q["input_len"] for q in requests),
+        "total_output_tokens": total_out,
+        "makespan_s": makespan,
+        "output_throughput_tok_s": total_out / makespan,
+        "request_throughput_req_s": len(workload) / makespan,
+        "ttft_s": percentiles(q["ttft_s"] for q in requests),
+        "tpot_s": percentiles(q["tpot_s"] for q in requests if q["tpot_s"] is not None),
+        "itl_s": percentiles(itl),
+        "e2e_s": percentiles(q["e2e_s"] for q in requests),
+        "queue_s": percentiles(q["queue_s"] for q in requests),
+        "num_steps": len(trace.steps),
+        "mean_batch_occupancy": float(np.mean(running)) if running else 0.0,
+        "max_batch_occupancy": max(running, default=0),
+        "num_compilations_during_run": trace.num_compilations_after - trace.num_compilations_before,
+        "compile_stall_s": sum(s.duration_s for s in trace.steps if s.compiled),
+        "occupancy": [dataclasses.asdict(s) for s in trace.steps],
+        "requests": requests,
+    }
+
+
+# ----------------------------------------------------------------------------------------------- running
+def engine_kwargs(args, spec, **overrides) -> dict:
+    """LLM(...) keyword arguments from the shared command-line options; ``spec.max_len`` bounds the context."""
+    kw = dict(dtype=args.dtype, max_model_len=spec.max_len, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
+    kw.update(overrides)
+    return kw
+
+
+def measure(llm: LLM, build_workload: Callable[[int, str], list[TimedRequest]], warmup_passes: int,
+            params_for: Callable[[TimedRequest], SamplingParams] = greedy_params) -> dict:
+    """Warm up ``llm``'s engine, then replay the timed workload once and summarize it.
+
+    ``build_workload(token_variant, id_prefix)`` must give the same schedule and lengths for every variant
+    and different tokens: variant 0 is timed; warm-up pass k replays variant k + 1 (so nothing the timed run
+    computes is in the prefix cache). Warm-up stops early after a pass that compiled nothing new.
+    """
+    engine = llm.llm_engine
+    before = engine.stats()["num_compilations"]
+    passes = []
+    for k in range(warmup_passes):
+        trace = replay(engine, build_workload(k + 1, f"warmup{k}"), params_for)
+        passes.append(trace.num_compilations_after - trace.num_compilations_before)
+        if passes[-1] == 0:
+            break
+    stats_before = engine.stats()
+    workload = build_workload(0, "req")
+    summary = summarize(replay(engine, workload, params_for), workload)
+    stats_after = engine.stats()
+    summary["num_compilations"] = {"before_warmup": before, "after_warmup": stats_before["num_compilations"],
+                                   "after_run": stats_after["num_compilations"], "per_warmup_pass": passes}
+    summary["stats_during_run"] = {k: v - stats_before[k] for k, v in stats_after.items()
+                                   if isinstance(v, (int, float)) and k not in ("free_blocks", "total_blocks",
+                                                                                "num_running", "num_waiting")}
+    return summary
+
+
+def workload_spec(args) -> WorkloadSpec:
+    def lens(fixed, rng_arg, default):
+        if fixed is not None:
+            return (fixed, fixed)
+        return tuple(rng_arg) if rng_arg is not None else default
+
+    return WorkloadSpec(args.num_requests, args.rate, args.burstiness,
+                        lens(args.input_len, args.input_len_range, DEFAULT_INPUT_LEN_RANGE),
+                        lens(args.output_len, args.output_len_range, DEFAULT_OUTPUT_LEN_RANGE), args.seed)
+
+
+def _ms(x: float) -> float:
+    return x * 1e3
+
+
+def _print_runs(runs: dict, spec: WorkloadSpec, args, model_info: dict) -> None:
+    rows = []
+    for mode, r in runs.items():
+        c = r["num_compilations"]
+        rows.append([mode, _ms(r["e2e_s"]["p50"]), _ms(r["e2e_s"]["p90"]), _ms(r["e2e_s"]["p99"]),
+                     _ms(r["ttft_s"]["p50"]), _ms(r["ttft_s"]["p99"]), _ms(r["tpot_s"]["p50"]),
+                     _ms(r["itl_s"]["p50"]), _ms(r["itl_s"]["p99"]), r["output_throughput_tok_s"],
+                     r["makespan_s"], r["mean_batch_occupancy"],
+                     f"{c['before_warmup']}->{c['after_warmup']}->{c['after_run']}", r["compile_stall_s"]])
+    report.print_table(
+        f"serving — {model_info['model']} ({model_info['num_params'] / 1e6:.1f}M params, {model_info['dtype']}); "
+        f"{spec.num_requests} requests at {spec.rate} req/s (burstiness {spec.burstiness}), input "
+        f"{spec.input_len_range[0]}..{spec.input_len_range[1]}, output {spec.output_len_range[0]}.."
+        f"{spec.output_len_range[1]} tokens (offered {spec.offered_output_tok_s:.0f} out tok/s), max_num_seqs "
+        f"{args.max_num_seqs}",
+        ["batching", "E2E P50 ms", "E2E P90 ms", "E2E P99 ms", "TTFT P50 ms", "TTFT P99 ms", "TPOT P50 ms",
+         "ITL P50 ms", "ITL P99 ms", "out tok/s", "makespan s", "mean batch", "compiles warm->run", "compile stall s"],
+        rows)
+
+
+def compare_ratios(static: dict, continuous: dict) -> dict:
+    """The seed experiment's ratios: latency static/continuous (higher = continuous better), throughput
+    continuous/static."""
+    return {
+        "e2e_p50_static_over_continuous": static["e2e_s"]["p50"] / continuous["e2e_s"]["p50"],
+        "e2e_p90_static_over_continuous": static["e2e_s"]["p90"] / continuous["e2e_s"]["p90"],
+        "e2e_p99_static_over_continuous": static["e2e_s"]["p99"] / continuous["e2e_s"]["p99"],
+        "ttft_p50_static_over_continuous": static["ttft_s"]["p50"] / continuous["ttft_s"]["p50"],
+        "throughput_continuous_over_static": continuous["output_throughput_tok_s"] / static["output_throughput_tok_s"],
+    }
+
+
+def run(args) -> dict:
+    spec = workload_spec(args)
+    modes = MODES if args.compare else (args.batching,)
+    runs, model_info = {}, {}
+    for mode in modes:
+        llm = LLM(model=args.model, **engine_kwargs(args, spec, batching=mode,
+                                                    static_batch_timeout_s=args.static_batch_timeout))
+        engine = llm.llm_engine
+        model_info = {"model": engine.model_source, "num_params": engine.model_config.num_params,
+                      "dtype": np.dtype(engine.dtype).name}
+        vocab = engine.model_config.vocab_size
+        runs[mode] = {"batching": mode, **measure(
+            llm, lambda variant, prefix: make_workload(spec, vocab, variant, prefix), args.warmup_passes)}
+        del llm, engine
+        gc.collect()
+    _print_runs(runs, spec, args, model_info)
+    ratios = None
+    if args.compare:
+        ratios = compare_ratios(runs["static"], runs["continuous"])
+        report.print_table(
+            "static / continuous (seed, vLLM A100: P50 6.36->2.41 s = 2.64x, throughput 717->705 tok/s = 0.98x; "
+            "target P50 >= 2.6x at throughput within 5%)",
+            ["E2E P50 static/cont", "E2E P90 static/cont", "E2E P99 static/cont", "TTFT P50 static/cont",
+             "throughput cont/static"],
+            [list(ratios.values())])
+    plots = {}
+    if args.plot:
+        from bench import plots as plots_lib
+
+        plots = plots_lib.serving_plots(runs, args.plot, prefix="serve")
+    payload = {"benchmark": "serve", "machine": hardware.machine_info(), **model_info,
+               "workload": {**dataclasses.asdict(spec), "offered_output_tok_s": spec.offered_output_tok_s},
+               "engine": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+                          "static_batch_timeout_s": args.static_batch_timeout, "max_model_len": spec.max_len},
+               "warmup_passes": args.warmup_passes, "runs": runs, "ratios": ratios, "plots": plots}
+    report.write_json(args.output, payload)
+    return payload
+
+
+def add_common_arguments(p) -> None:
+    """Arguments shared by ``serve`` and ``prefix``."""
+    p.add_argument("--model", default=None, help="model dir / random:<preset>; default: the embedded model")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps; 1.0 = Poisson")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-passes", type=int, default=3,
+                   help="replay the schedule (other tokens) up to N times before the timed run, stopping after a "
+                        "pass that compiles nothing new; 0 = no warm-up")
+    p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--output", default=None, help="write the results as JSON here")
+
+
+def add_arguments(p) -> None:
+    add_common_arguments(p)
+    p.add_argument("--rate", type=float, default=4.0, help="mean arrival rate, requests/s (inf = all at once)")
+    inp = p.add_mutually_exclusive_group()
+    inp.add_argument("--input-len", type=int, default=None, help="fixed prompt length")
+    inp.add_argument("--input-len-range", type=int, nargs=2, metavar=("LO", "HI"), default=None,
+                     help=f"uniform prompt length (default {DEFAULT_INPUT_LEN_RANGE[0]} {DEFAULT_INPUT_LEN_RANGE[1]})")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--output-len", type=int, default=None, help="fixed output length")
+    out.add_argument("--output-len-range", type=int, nargs=2, metavar=("LO", "HI"), default=None,
+                     help=f"uniform output length (default {DEFAULT_OUTPUT_LEN_RANGE[0]} {DEFAULT_OUTPUT_LEN_RANGE[1]})")
+    p.add_argument("--batching", choices=MODES, default="continuous")
+    p.add_argument("--compare", action="store_true", help="run static and continuous on the same schedule")
+    p.add_argument("--static-batch-timeout", type=float, default=0.5,
+                   help="static batching: longest wait to fill a batch when the engine is idle (s)")
