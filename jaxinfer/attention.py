@@ -17,34 +17,24 @@ import jax.numpy as jnp
 BACKENDS = ("xla", "pallas")
 
 
-def xla_ragged_paged_attention(
-    q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, max_q_len, sliding_window=None
-):
-    """q_TNH [T, Hq, D]; caches [N, BS, Hkv, D]; returns [T, Hq, D] (zeros for padding tokens)."""
+def _attend_tile(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens, kv_lens, *, sm_scale, tile, sliding_window):
+    """Attention of sequences whose queries fit a [G, tile] grid: returns [G, tile, Hq, D] (float32)."""
     num_tokens, num_heads, head_dim = q_TNH.shape
     num_seqs = kv_lens.shape[0]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]  # [S]
-
-    # Flat tokens -> [S, Q] tile.
-    j = jnp.arange(max_q_len)
-    src = cu_q_lens[:-1, None] + j[None, :]  # [S, Q]
-    q_valid = j[None, :] < q_lens[:, None]
-    q_SQNH = q_TNH[jnp.clip(src, 0, num_tokens - 1)]
-    q_SQKGH = q_SQNH.reshape(num_seqs, max_q_len, num_kv_heads, group, head_dim)
-
-    # Gather each sequence's context: [S, C, Hkv, D] with C = MB * BS.
+    j = jnp.arange(tile)
+    q_valid = j[None, :] < q_lens[:, None]  # [G, Q]
+    q_SQKGH = q_TNH[jnp.clip(q_start[:, None] + j[None, :], 0, num_tokens - 1)].reshape(
+        num_seqs, tile, num_kv_heads, group, head_dim
+    )
     ctx = block_tables.shape[1] * block_size
     k_SCKH = k_cache[block_tables].reshape(num_seqs, ctx, num_kv_heads, head_dim)
     v_SCKH = v_cache[block_tables].reshape(num_seqs, ctx, num_kv_heads, head_dim)
-
-    scores = jnp.einsum(
-        "sqkgh,sckh->skgqc", q_SQKGH.astype(jnp.float32), k_SCKH.astype(jnp.float32)
-    ) * sm_scale
-    q_pos = (kv_lens - q_lens)[:, None] + j[None, :]  # [S, Q]
+    scores = jnp.einsum("sqkgh,sckh->skgqc", q_SQKGH.astype(jnp.float32), k_SCKH.astype(jnp.float32)) * sm_scale
+    q_pos = (kv_lens - q_lens)[:, None] + j[None, :]  # [G, Q]
     k_pos = jnp.arange(ctx)
-    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]  # [S, Q, C]
+    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]  # [G, Q, C]
     if sliding_window is not None:
         mask &= k_pos[None, None, :] > q_pos[:, :, None] - sliding_window
     scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
@@ -53,22 +43,55 @@ def xla_ragged_paged_attention(
     probs = jnp.exp(scores - row_max)
     denom = jnp.sum(probs, axis=-1, keepdims=True)
     probs = probs / jnp.where(denom > 0, denom, 1.0)
-    out_SKGQH = jnp.einsum("skgqc,sckh->skgqh", probs, v_SCKH.astype(jnp.float32))
-    out_SQNH = out_SKGQH.transpose(0, 3, 1, 2, 4).reshape(num_seqs, max_q_len, num_heads, head_dim)
+    out = jnp.einsum("skgqc,sckh->skgqh", probs, v_SCKH.astype(jnp.float32))
+    return out.transpose(0, 3, 1, 2, 4).reshape(num_seqs, tile, num_heads, head_dim)
 
-    # [S, Q] tile -> flat tokens.
+
+def xla_ragged_paged_attention(
+    q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, max_q_len, num_prefill_slots=None,
+    sliding_window=None,
+):
+    """q_TNH [T, Hq, D]; caches [N, BS, Hkv, D]; returns [T, Hq, D] (zeros for padding tokens).
+
+    Sequence slots ``[0, P)`` (``P = num_prefill_slots``, static) may have up to ``max_q_len`` queries and
+    are computed on a [P, max_q_len] grid; slots ``[P, S)`` must have at most one query (decodes) and are
+    computed on an [S - P, 1] grid, so a long prefill chunk does not pad every decode to its length.
+    ``P = None`` puts every slot in the first group.
+    """
+    num_tokens = q_TNH.shape[0]
+    num_seqs = kv_lens.shape[0]
+    P = num_seqs if num_prefill_slots is None else num_prefill_slots
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     t = jnp.arange(num_tokens)
-    seq_of_token = jnp.clip(jnp.searchsorted(cu_q_lens, t, side="right") - 1, 0, num_seqs - 1)
-    idx_in_seq = t - cu_q_lens[seq_of_token]
-    valid = (t < cu_q_lens[-1]) & (idx_in_seq < max_q_len)
-    out = out_SQNH[seq_of_token, jnp.clip(idx_in_seq, 0, max_q_len - 1)]
-    return jnp.where(valid[:, None, None], out, 0.0).astype(q_TNH.dtype)
+    out = jnp.zeros(q_TNH.shape, jnp.float32)
+    if P > 0:
+        tile = _attend_tile(q_TNH, k_cache, v_cache, block_tables[:P], cu_q_lens[:P], q_lens[:P], kv_lens[:P],
+                            sm_scale=sm_scale, tile=max_q_len, sliding_window=sliding_window)
+        seq = jnp.clip(jnp.searchsorted(cu_q_lens[: P + 1], t, side="right") - 1, 0, P - 1)
+        idx = t - cu_q_lens[seq]
+        in_a = (t < cu_q_lens[P]) & (idx < max_q_len)
+        out = jnp.where(in_a[:, None, None], tile[seq, jnp.clip(idx, 0, max_q_len - 1)], out)
+    if P < num_seqs:
+        rest = _attend_tile(q_TNH, k_cache, v_cache, block_tables[P:], cu_q_lens[P:-1], q_lens[P:], kv_lens[P:],
+                            sm_scale=sm_scale, tile=1, sliding_window=sliding_window)[:, 0]
+        k = jnp.clip(t - cu_q_lens[P], 0, num_seqs - P - 1)
+        in_b = (t >= cu_q_lens[P]) & (t < cu_q_lens[-1])
+        out = jnp.where(in_b[:, None, None], rest[k], out)
+    return out.astype(q_TNH.dtype)
 
 
-def get_attention_fn(backend: str, *, max_q_len: int, sliding_window: int | None, interpret: bool | None = None):
+def get_attention_fn(
+    backend: str,
+    *,
+    max_q_len: int,
+    sliding_window: int | None,
+    interpret: bool | None = None,
+    num_prefill_slots: int | None = None,
+):
     """Return ``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)`` for a backend."""
     if backend == "xla":
-        return functools.partial(xla_ragged_paged_attention, max_q_len=max_q_len, sliding_window=sliding_window)
+        return functools.partial(xla_ragged_paged_attention, max_q_len=max_q_len, sliding_window=sliding_window,
+                                 num_prefill_slots=num_prefill_slots)
     if backend == "pallas":
         from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 

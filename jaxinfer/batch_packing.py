@@ -25,15 +25,23 @@ class WorkItem:
     num_logits: int  # trailing positions whose logits are returned
 
 
-def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int) -> tuple[StepBatch, int, list[int]]:
-    """Returns (device StepBatch, static max_q_len, first logits row of each item)."""
+def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int):
+    """Returns (device StepBatch, static max_q_len, static num_prefill_slots, first logits row of each item).
+
+    Items with more than one token are laid out first, so that the slots ``[0, num_prefill_slots)`` hold
+    every multi-token item and the rest are single-token decodes (see the XLA attention path).
+    """
     bs = block_size
+    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens) == 1)
+    items = [items[i] for i in order]
     num_tokens = sum(len(w.tokens) for w in items)
     T = bucket(num_tokens, 8)
     S = bucket(len(items))
-    MB = min(bucket(max(len(w.block_ids) for w in items)), bucket(max_blocks_per_seq))
+    MB = min(bucket(max(len(w.block_ids) for w in items)), max_blocks_per_seq)
     max_q = min(bucket(max(len(w.tokens) for w in items)), T)
-    R = bucket(max(sum(w.num_logits for w in items), 1))
+    multi = sum(1 for w in items if len(w.tokens) > 1)
+    prefill_slots = 0 if max_q == 1 else min(bucket(multi), S)
+    R = max(bucket(max(sum(w.num_logits for w in items), 1)), S)
 
     token_ids = np.zeros(T, np.int32)
     positions = np.zeros(T, np.int32)
@@ -60,7 +68,10 @@ def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int) -> tup
         cu_q_lens[i + 1] = t
     cu_q_lens[len(items) + 1 :] = t
     batch = StepBatch(token_ids, positions, slot_mapping, block_tables, cu_q_lens, kv_lens, logits_indices)
-    return jax.device_put(batch), max_q, row_starts
+    starts = [0] * len(items)
+    for slot, i in enumerate(order):
+        starts[i] = row_starts[slot]
+    return jax.device_put(batch), max_q, prefill_slots, starts
 
 
 def signature(batch: StepBatch, max_q: int) -> tuple:

@@ -48,7 +48,8 @@ class DraftProposer:
                     tokens = [drafts[s.seq_id][-1]]
                 items.append(WorkItem(s.block_ids, start, tokens, 1))
                 members.append(s)
-            logits, _ = runner.run_step(items)
+            logits, starts = runner.run_step(items)
+            members = [m for _, m in sorted(zip(starts, members), key=lambda p: p[0])]  # row order
             rows = [(s, s.num_output_tokens + j) for s in members]
             md, _, _, truncation = runner.build_sampling_metadata(rows, logits.shape[0])
             runner._note(("draft_sample", logits.shape[0], md.banned_token_ids.shape[1], truncation))

@@ -30,17 +30,19 @@ from jaxinfer.scheduler import ScheduledSeq
 def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None):
     """The jitted ragged step ``step(params, kv_cache, batch, max_q_len) -> (logits, kv_cache)``.
 
-    ``kv_cache`` is donated and updated in place; ``max_q_len`` (static) bounds the longest query run
-    for the XLA attention path.
+    ``kv_cache`` is donated and updated in place; ``max_q_len`` (static) bounds the longest query run and
+    ``num_prefill_slots`` (static) says how many leading sequence slots may have more than one query (the
+    rest are single-token decodes), both for the XLA attention path.
     """
 
-    def step(params, kv_cache, batch: StepBatch, max_q_len: int):
+    def step(params, kv_cache, batch: StepBatch, max_q_len: int, num_prefill_slots: int | None = None):
         attn_fn = get_attention_fn(
-            attention_backend, max_q_len=max_q_len, sliding_window=cfg.sliding_window, interpret=interpret
+            attention_backend, max_q_len=max_q_len, sliding_window=cfg.sliding_window, interpret=interpret,
+            num_prefill_slots=num_prefill_slots,
         )
         return forward(params, kv_cache, batch, cfg, attn_fn)
 
-    return jax.jit(step, donate_argnames="kv_cache", static_argnames="max_q_len")
+    return jax.jit(step, donate_argnames="kv_cache", static_argnames=("max_q_len", "num_prefill_slots"))
 
 
 @dataclasses.dataclass
@@ -84,9 +86,9 @@ class ModelRunner:
     # ----------------------------------------------------------------- stepping
     def run_step(self, items: list[WorkItem]):
         """Run the jitted step on packed work items: (logits [R, V] on device, first row of each item)."""
-        batch, max_q, rows = pack(items, self.block_size, self.max_blocks_per_seq)
-        self._note(("step", *signature(batch, max_q)))
-        logits, self.kv_cache = self.step_fn(self.params, self.kv_cache, batch, max_q)
+        batch, max_q, prefill_slots, rows = pack(items, self.block_size, self.max_blocks_per_seq)
+        self._note(("step", *signature(batch, max_q), prefill_slots))
+        logits, self.kv_cache = self.step_fn(self.params, self.kv_cache, batch, max_q, prefill_slots)
         return logits, rows
 
     def build_sampling_metadata(self, rows: list[tuple], num_rows: int):
@@ -155,16 +157,13 @@ class ModelRunner:
             start = seq.num_computed_tokens
             tokens = seq.token_ids[start : start + s.num_new_tokens - k] + seq.spec_token_ids[:k]
             items.append(WorkItem(seq.block_ids, start, tokens, (1 + k) if s.samples else 0))
-        logits, _ = self.run_step(items)
-        rows, drafts, owners = [], [], []
-        for s in scheduled:
-            if not s.samples:
-                continue
-            seq, k = s.seq, s.num_spec_tokens
-            for j in range(k + 1):
-                rows.append((seq, seq.num_output_tokens + j))
-                drafts.append(seq.spec_token_ids[j] if j < k else -1)
-                owners.append((s, j))
+        logits, starts = self.run_step(items)
+        owners = []  # (scheduled seq, j) per logits row, in row order
+        for s, start in sorted(zip(scheduled, starts), key=lambda p: p[1]):
+            if s.samples:
+                owners += [(s, j) for j in range(s.num_spec_tokens + 1)]
+        rows = [(s.seq, s.seq.num_output_tokens + j) for s, j in owners]
+        drafts = [s.seq.spec_token_ids[j] if j < s.num_spec_tokens else -1 for s, j in owners]
         if not rows:
             return {}
         num_rows = logits.shape[0]
