@@ -4,10 +4,12 @@ Both decode greedily the same random prompts. Reported per batch size: end-to-en
 TPOT (HF: ``(t(N) - t(1)) / (N - 1)`` over two ``generate`` calls; jaxinfer: median engine step), the
 fraction of the memory bandwidth (measured in the same run) each achieves at its TPOT, and greedy token
 agreement. Without ``--model`` a ~150M-parameter Llama with random weights is written by transformers itself.
+HF runs first, in a separate process, so neither framework's threads compete with the other's.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -48,27 +50,51 @@ def _hf_generate(model, prompts: np.ndarray, n: int) -> tuple[float, np.ndarray]
     return time.perf_counter() - t, out[:, prompts.shape[1]:].numpy()
 
 
-def run(args) -> dict:
+def _hf_worker(path: str, jobs: list, queue) -> None:
+    """Runs in a fresh process (no JAX threads beside torch's): HF generate timings and tokens per job."""
     import torch
     import transformers
 
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                              dtype=torch.float32).eval()
+    results = []
+    for prompts, n in jobs:
+        _hf_generate(model, prompts, 2)  # warm-up
+        t1, _ = _hf_generate(model, prompts, 1)
+        tn, tokens = _hf_generate(model, prompts, n)
+        results.append((t1, tn, tokens))
+    queue.put((torch.__version__, transformers.__version__, torch.get_num_threads(), results))
+
+
+def run_hf_baseline(path: Path, jobs: list) -> tuple:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_hf_worker, args=(str(path), jobs, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    return out
+
+
+def run(args) -> dict:
     path = Path(args.model) if args.model else ensure_hf_checkpoint(Path(args.cache_dir))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+    with open(path / "config.json") as f:
+        vocab = json.load(f)["vocab_size"]
+    n = args.output_len
+    all_prompts = {b: np.random.default_rng(b).integers(0, vocab, size=(b, args.input_len)) for b in args.batch_sizes}
+    torch_version, tf_version, torch_threads, hf_runs = run_hf_baseline(
+        path, [(all_prompts[b], n) for b in args.batch_sizes])
     llm = LLM(model=str(path), dtype="float32", max_model_len=args.input_len + args.output_len + 16,
               max_num_seqs=max(args.batch_sizes))
     engine = llm.llm_engine
     cfg = engine.model_config
-    vocab = cfg.vocab_size
     bw = hardware.measure_bandwidth()
     results, rows = [], []
-    for b in args.batch_sizes:
-        prompts = np.random.default_rng(b).integers(0, vocab, size=(b, args.input_len))
-        n = args.output_len
-        _hf_generate(hf, prompts, 2)  # warm-up
-        hf_t1, _ = _hf_generate(hf, prompts, 1)
-        hf_tn, hf_tokens = _hf_generate(hf, prompts, n)
+    for b, (hf_t1, hf_tn, hf_tokens) in zip(args.batch_sizes, hf_runs):
+        prompts = all_prompts[b]
         hf_tpot = (hf_tn - hf_t1) / (n - 1)
-
         sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         reqs = [{"prompt_token_ids": p.tolist()} for p in prompts]
         llm.generate(reqs, sp, use_tqdm=False)  # warm-up (compiles)
@@ -102,8 +128,8 @@ def run(args) -> dict:
         ["batch", "HF tok/s", "jaxinfer tok/s", "speedup", "HF TPOT ms", "ours TPOT ms", "floor ms",
          "HF floor/TPOT", "ours floor/TPOT", "greedy identical"], rows)
     payload = {"benchmark": "compare", "machine": hardware.machine_info(), "model": str(path),
-               "num_params": cfg.num_params, "torch_version": torch.__version__,
-               "transformers_version": transformers.__version__, "torch_threads": torch.get_num_threads(),
+               "num_params": cfg.num_params, "torch_version": torch_version, "hf_in_separate_process": True,
+               "transformers_version": tf_version, "torch_threads": torch_threads,
                "input_len": args.input_len, "output_len": args.output_len, "bandwidth": bw.to_json(),
                "results": results}
     report.write_json(args.output, payload)
