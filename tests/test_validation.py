@@ -109,7 +109,6 @@ def test_engine_add_request_errors(llm):
         (dict(dtype="int4"), ValueError, "dtype"),
         (dict(quantization="fp8"), NotImplementedError, "quantization"),
         (dict(tensor_parallel_size=2), NotImplementedError, "tensor_parallel_size"),
-        (dict(speculative_config={"method": "ngram"}), NotImplementedError, "speculative"),
         (dict(enable_chunked_prefill=False, max_num_batched_tokens=16), ValueError, "max_num_batched_tokens"),
         (dict(batching="dynamic"), ValueError, "batching"),
         (dict(max_model_len=4096), ValueError, "max_position_embeddings"),
