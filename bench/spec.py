@@ -40,6 +40,7 @@ def _measure(llm: LLM, prompts, output_len: int) -> dict:
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up: compile
+    llm.generate(prompts, params, use_tqdm=False)
     before = engine.stats()
     ctl = engine.spec_controller
     if ctl is not None:
@@ -58,6 +59,7 @@ def _measure(llm: LLM, prompts, output_len: int) -> dict:
     if ctl is not None:
         per_pos = [a / p if p else None for a, p in zip(ctl.per_position_accepted, ctl.per_position_proposed)]
     return {
+        "compilations_in_timed_run": after["num_compilations"] - before["num_compilations"],
         "tok_per_s": generated / elapsed,
         "seconds": elapsed,
         "steps": steps,
@@ -98,11 +100,12 @@ def run(args) -> dict:
         rows.append([r["task"], r["batch_size"], r["method"], r["tok_per_s"], r["speedup"],
                      r["acceptance_rate"], r["mean_tokens_per_seq_step"],
                      " ".join("-" if x is None else f"{x:.2f}" for x in pp) if pp else "-",
-                     "yes" if r["greedy_identical"] else "NO"])
+                     "yes" if r["greedy_identical"] else "NO", r["compilations_in_timed_run"]])
     report.print_table(
         f"speculative decoding — k={args.k}, {args.output_len} tokens, adaptive={not args.no_adaptive} "
         "(seed, vLLM: copy 2.78x b1 / 2.38x b16; free 1.13x / 0.85x)",
-        ["task", "batch", "method", "tok/s", "speedup", "accept", "tok/seq/step", "per-position", "identical"],
+        ["task", "batch", "method", "tok/s", "speedup", "accept", "tok/seq/step", "per-position", "identical",
+         "compiles"],
         rows)
     for r in results:
         r.pop("tokens")

@@ -3,7 +3,8 @@
 With a per-position acceptance rate ``a``, proposing ``k`` tokens yields ``E(k) = 1 + a + ... + a^k``
 tokens per sequence per step. A step's cost is modelled from measurements in this run as
 ``t = c0 + c1 * scored_tokens + c2 * proposed_tokens`` (least squares over recent steps). Each step picks
-the ``k`` in ``0..K`` that maximises ``B * E(k) / t(B * (1 + k), B * k)`` for the B decoding sequences, so
+``k`` in ``{0, K}`` (two choices only, so speculation adds one family of compiled shapes, not one per k)
+that maximises ``B * E(k) / t(B * (1 + k), B * k)`` for the B decoding sequences, so
 speculation turns itself down when verification costs more than it returns (large batches on a
 compute-bound device, text the drafts cannot guess). Every ``probe_every`` steps it proposes ``K`` anyway,
 so a stale acceptance estimate can recover.
@@ -62,7 +63,7 @@ class SpecController:
             return self.max_k
         a = min(self.acceptance_rate, 0.999)
         best_k, best_rate = 0, -1.0
-        for k in range(self.max_k + 1):
+        for k in (0, self.max_k):
             gained = num_decoding * sum(a**i for i in range(k + 1))
             cost = coef[0] + coef[1] * (num_decoding * (1 + k) + other_tokens) + coef[2] * num_decoding * k
             rate = gained / max(cost, 1e-9)
