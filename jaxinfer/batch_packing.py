@@ -35,7 +35,7 @@ def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int):
     order = sorted(range(len(items)), key=lambda i: len(items[i].tokens) == 1)
     items = [items[i] for i in order]
     num_tokens = sum(len(w.tokens) for w in items)
-    T = bucket(num_tokens, 8)
+    T = bucket(num_tokens)
     S = bucket(len(items))
     MB = min(bucket(max(len(w.block_ids) for w in items)), max_blocks_per_seq)
     max_q = min(bucket(max(len(w.tokens) for w in items)), T)
