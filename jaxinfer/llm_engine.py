@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxinfer import host_allocator
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.engine_config import EngineConfig
 from jaxinfer.kv_cache import kv_cache_bytes_per_block
@@ -53,6 +54,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         platform = jax.default_backend()
+        if platform == "cpu":
+            host_allocator.keep_freed_memory_in_heap()
         self.dtype = resolve_dtype(config.dtype, platform)
         self.model_config, params, self.tokenizer, self.model_source = load_model(
             config.model, self.dtype, config.seed
