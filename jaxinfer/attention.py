@@ -31,7 +31,13 @@ def _attend_tile(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens, kv_lens
     ctx = block_tables.shape[1] * block_size
     k_SCKH = k_cache[block_tables].reshape(num_seqs, ctx, num_kv_heads, head_dim)
     v_SCKH = v_cache[block_tables].reshape(num_seqs, ctx, num_kv_heads, head_dim)
-    scores = jnp.einsum("sqkgh,sckh->skgqc", q_SQKGH.astype(jnp.float32), k_SCKH.astype(jnp.float32)) * sm_scale
+    if tile == 1:
+        # One query per sequence: a batched dot of [G, D] x [D, C] per (sequence, KV head) runs as
+        # thousands of tiny matmul calls on XLA:CPU; a fused multiply then one long dot over D is 2-4x faster.
+        prod = q_SQKGH[:, 0, None].astype(jnp.float32) * k_SCKH[:, :, :, None, :].astype(jnp.float32)
+        scores = (prod @ jnp.ones((head_dim,), jnp.float32)).transpose(0, 2, 3, 1)[:, :, :, None, :] * sm_scale
+    else:
+        scores = jnp.einsum("sqkgh,sckh->skgqc", q_SQKGH.astype(jnp.float32), k_SCKH.astype(jnp.float32)) * sm_scale
     q_pos = (kv_lens - q_lens)[:, None] + j[None, :]  # [G, Q]
     k_pos = jnp.arange(ctx)
     mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & q_valid[:, :, None]  # [G, Q, C]
