@@ -103,6 +103,7 @@ class LLMEngine:
     def _setup_speculation(self, spec: dict | None) -> None:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self._propose_seconds = 0.0  # host + draft time spent preparing the next step's proposals
         self.proposer = None
         self.spec_controller = None
         if spec is None:
@@ -313,9 +314,12 @@ class LLMEngine:
                 if req.metrics.first_token_time is None:
                     req.metrics.first_token_time = now
                 touched[req.request_id] = req
-        proposed = self._propose()
         if self.spec_controller is not None:
-            self.spec_controller.record_step(plan.num_tokens, proposed, time.perf_counter() - t0)
+            emitted_count = sum(len(tokens) for tokens in emitted.values())
+            self.spec_controller.record_step(emitted_count, time.perf_counter() - t0 + self._propose_seconds)
+        t_propose = time.perf_counter()
+        self._propose()
+        self._propose_seconds = time.perf_counter() - t_propose
         outputs = []
         for req in touched.values():
             if req.finished:
@@ -429,4 +433,5 @@ class LLMEngine:
             "num_compilations": self.runner.num_compilations
             + (self.draft_runner.num_compilations if isinstance(self.proposer, DraftProposer) else 0),
             "num_steps": self.num_steps,
+            "speculation_arms": self.spec_controller.summary() if self.spec_controller is not None else {},
         }

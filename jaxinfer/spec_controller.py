@@ -1,34 +1,71 @@
-"""How many tokens to speculate this step: the adaptive rule. Host side, no JAX (numpy only).
+"""How many tokens to speculate next step: the adaptive rule. Host side, no JAX (numpy only).
 
-With a per-position acceptance rate ``a``, proposing ``k`` tokens yields ``E(k) = 1 + a + ... + a^k``
-tokens per sequence per step. A step's cost is modelled from measurements in this run as
-``t = c0 + c1 * scored_tokens + c2 * proposed_tokens`` (least squares over recent steps). Each step picks
-``k`` in ``{0, K}`` (two choices only, so speculation adds one family of compiled shapes, not one per k)
-that maximises ``B * E(k) / t(B * (1 + k), B * k)`` for the B decoding sequences, so
-speculation turns itself down when verification costs more than it returns (large batches on a
-compute-bound device, text the drafts cannot guess). Every ``probe_every`` steps it proposes ``K`` anyway,
-so a stale acceptance estimate can recover.
+Whether speculation pays depends on things a formula gets wrong: how well the drafts guess this text,
+what the draft model costs, which compiled shape the wider verification step falls into, and how the
+device's step time grows with tokens. So the rule measures instead of modelling. It chooses between two
+arms, ``k = 0`` and ``k = K`` (two choices only, so speculation adds one family of compiled shapes, not
+one per k), separately for each decoding batch size (rounded up to a power of two). For every pure-decode
+step it records the arm's throughput: tokens emitted by the decoding sequences / (the step's time + the
+proposal time that prepared it). It then plays the arm with the higher median throughput over its recent
+steps. Medians keep a compile or a stray slow step from deciding. The other arm is re-tried after an
+interval that doubles every time the retry confirms the choice (up to ``max_probe_interval`` steps), so a
+rule that has settled on "off" costs almost nothing; a retry that beats the choice's median discards that
+arm's stale samples and plays it again until it can be compared afresh (the text turned copyable).
+
+The controller lives as long as the engine: what it learned in one ``generate`` call carries over to the
+next, as it would in a server.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 
 
+def _batch_key(num_decoding: int) -> int:
+    return 1 << max(num_decoding - 1, 0).bit_length()
+
+
+@dataclasses.dataclass
+class _ArmStats:
+    """Recent throughputs (tokens/s) of both arms at one batch-size bucket, and the retry schedule."""
+
+    rates: dict
+    probe_interval: int
+    steps_since_probe: int = 0
+    probing: bool = False
+
+    def median(self, k: int) -> float:
+        return float(np.median(self.rates[k]))
+
+
 class SpecController:
-    def __init__(self, max_k: int, adaptive: bool = True, window: int = 64, probe_every: int = 16):
+    def __init__(
+        self,
+        max_k: int,
+        adaptive: bool = True,
+        window: int = 16,
+        min_samples: int = 4,
+        first_probe_interval: int = 8,
+        max_probe_interval: int = 256,
+    ):
         self.max_k = max_k
         self.adaptive = adaptive
-        self.probe_every = probe_every
-        self.samples: collections.deque = collections.deque(maxlen=window)  # (scored, proposed, seconds)
+        self.window = window
+        self.min_samples = min_samples
+        self.first_probe_interval = first_probe_interval
+        self.max_probe_interval = max_probe_interval
+        self._arms: dict[int, _ArmStats] = {}
+        self._pending: tuple[int, int] | None = None  # (batch key, k) of the step being prepared
         self.proposed = 0
         self.accepted = 0
         self.per_position_proposed = [0] * max_k
         self.per_position_accepted = [0] * max_k
-        self.steps = 0
+        self.num_choices = {0: 0, max_k: 0}
 
+    # ------------------------------------------------------------ acceptance
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
@@ -41,32 +78,70 @@ class SpecController:
             if j < num_accepted:
                 self.per_position_accepted[j] += 1
 
-    def record_step(self, scored_tokens: int, proposed_tokens: int, seconds: float) -> None:
-        self.samples.append((scored_tokens, proposed_tokens, seconds))
-
-    def _cost_model(self):
-        if len(self.samples) < 8:
-            return None
-        data = np.asarray(self.samples, dtype=np.float64)
-        design = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
-        coef, *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
-        return np.maximum(coef, 0.0)
+    # -------------------------------------------------------------- choosing
+    def _stats(self, key: int) -> _ArmStats:
+        if key not in self._arms:
+            rates = {k: collections.deque(maxlen=self.window) for k in (0, self.max_k)}
+            self._arms[key] = _ArmStats(rates, self.first_probe_interval)
+        return self._arms[key]
 
     def choose_k(self, num_decoding: int, other_tokens: int = 0) -> int:
-        self.steps += 1
+        """The k for the next step, with ``num_decoding`` sequences decoding and ``other_tokens`` prefill
+        tokens beside them (a mixed step is not measured: its time is mostly the prefill's)."""
+        k = self._choose(num_decoding)
+        measured = self.adaptive and num_decoding > 0 and other_tokens == 0 and self.max_k > 0
+        self._pending = (_batch_key(num_decoding), k) if measured else None
+        self.num_choices[k] = self.num_choices.get(k, 0) + 1
+        return k
+
+    def _choose(self, num_decoding: int) -> int:
         if not self.adaptive or self.max_k == 0 or num_decoding == 0:
             return self.max_k
-        if self.proposed < 8 or self.steps % self.probe_every == 0:
-            return self.max_k
-        coef = self._cost_model()
-        if coef is None:
-            return self.max_k
-        a = min(self.acceptance_rate, 0.999)
-        best_k, best_rate = 0, -1.0
-        for k in (0, self.max_k):
-            gained = num_decoding * sum(a**i for i in range(k + 1))
-            cost = coef[0] + coef[1] * (num_decoding * (1 + k) + other_tokens) + coef[2] * num_decoding * k
-            rate = gained / max(cost, 1e-9)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
+        st = self._stats(_batch_key(num_decoding))
+        for k in (self.max_k, 0):  # explore both arms first, speculation first
+            if len(st.rates[k]) < self.min_samples:
+                return k
+        best = self._best(st)
+        st.steps_since_probe += 1
+        if st.steps_since_probe >= st.probe_interval:
+            st.steps_since_probe = 0
+            st.probing = True
+            return self.max_k if best == 0 else 0
+        return best
+
+    def _best(self, st: _ArmStats) -> int:
+        return self.max_k if st.median(self.max_k) > st.median(0) else 0
+
+    # ------------------------------------------------------------- measuring
+    def record_step(self, emitted_tokens: int, seconds: float) -> None:
+        """The outcome of the step prepared by the last ``choose_k``: tokens its decoding sequences emitted
+        and the seconds it took (proposal included)."""
+        if self._pending is None or seconds <= 0:
+            return
+        key, k = self._pending
+        self._pending = None
+        st = self._stats(key)
+        rate = emitted_tokens / seconds
+        if not st.probing:
+            st.rates[k].append(rate)
+            return
+        st.probing = False
+        if rate > st.median(self._best(st)):
+            # The retried arm now beats the choice: its old samples are stale. Start it afresh, so that
+            # the next steps play it until it has enough recent samples to be compared again.
+            st.rates[k].clear()
+            st.rates[k].append(rate)
+            st.probe_interval = self.first_probe_interval
+        else:
+            st.rates[k].append(rate)
+            st.probe_interval = min(2 * st.probe_interval, self.max_probe_interval)
+
+    def summary(self) -> dict:
+        """Per batch-size bucket: the median throughput of each arm and the current retry interval."""
+        return {
+            key: {
+                "median_tok_per_s": {k: (st.median(k) if st.rates[k] else None) for k in st.rates},
+                "probe_interval": st.probe_interval,
+            }
+            for key, st in sorted(self._arms.items())
+        }

@@ -1,36 +1,73 @@
-"""The adaptive speculation rule (host side): it turns speculation off exactly when it does not pay."""
+"""The adaptive speculation rule (host side): it plays whichever of k=0 / k=K measured faster."""
 
 from __future__ import annotations
 
 from jaxinfer.spec_controller import SpecController
 
 
-def _trained(cost_per_token: float, fixed: float, acceptance: float, batch: int) -> SpecController:
-    ctl = SpecController(max_k=4, probe_every=1000)
-    for scored in (batch, batch * 5, batch * 2, batch * 3, batch, batch * 5, batch * 4, batch * 2):
-        ctl.record_step(scored, 0, fixed + cost_per_token * scored)
-    for i in range(25):  # 25 sequences x 4 proposals, accepted at the given rate overall
-        ctl.record_acceptance(4, int(round(4 * acceptance)) if i % 2 else int(4 * acceptance))
-    return ctl
+def _run(ctl: SpecController, throughput: dict, steps: int, num_decoding: int = 1, other_tokens: int = 0):
+    """Play ``steps`` steps where arm k yields ``throughput[k]`` tokens per second; returns the choices."""
+    choices = []
+    for _ in range(steps):
+        k = ctl.choose_k(num_decoding, other_tokens)
+        choices.append(k)
+        ctl.record_step(emitted_tokens=throughput[k], seconds=1.0)
+    return choices
 
 
-def test_cheap_verification_and_good_guesses_speculate():
-    ctl = _trained(cost_per_token=0.0001, fixed=0.03, acceptance=0.8, batch=1)  # bandwidth-bound batch 1
-    assert ctl.choose_k(num_decoding=1) == 4
+def test_explores_both_arms_first_then_plays_the_faster_one():
+    ctl = SpecController(max_k=4, min_samples=3, first_probe_interval=1000)
+    choices = _run(ctl, {0: 10.0, 4: 25.0}, 20)
+    assert choices[:6] == [4, 4, 4, 0, 0, 0]
+    assert set(choices[6:]) == {4}
 
 
-def test_expensive_verification_and_poor_guesses_do_not():
-    ctl = _trained(cost_per_token=0.01, fixed=0.01, acceptance=0.2, batch=16)  # compute-bound batch 16
-    assert ctl.choose_k(num_decoding=16) == 0
+def test_turns_speculation_off_when_it_measured_slower():
+    ctl = SpecController(max_k=4, min_samples=3, first_probe_interval=1000)
+    choices = _run(ctl, {0: 30.0, 4: 12.0}, 20)
+    assert set(choices[6:]) == {0}
 
 
-def test_probe_and_cold_start_propose_k():
-    ctl = SpecController(max_k=3, probe_every=2)
-    assert ctl.choose_k(4) == 3  # no acceptance measured yet
-    ctl = _trained(cost_per_token=0.01, fixed=0.01, acceptance=0.1, batch=16)
-    ctl.probe_every = 2
-    choices = [ctl.choose_k(16) for _ in range(4)]
-    assert 4 in choices and 0 in choices  # periodic probes keep the acceptance estimate fresh
+def test_a_single_outlier_does_not_decide():
+    ctl = SpecController(max_k=2, min_samples=3, first_probe_interval=1000)
+    ctl.choose_k(1)
+    ctl.record_step(emitted_tokens=1.0, seconds=10.0)  # a compile inside the first speculative step
+    choices = _run(ctl, {0: 10.0, 2: 20.0}, 20)
+    assert set(choices[-10:]) == {2}
+
+
+def test_retry_interval_doubles_while_the_choice_holds():
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=4, max_probe_interval=32)
+    choices = _run(ctl, {0: 30.0, 4: 12.0}, 200)
+    probes = [i for i, k in enumerate(choices) if k == 4 and i >= 4]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:3] == [8, 16, 32] and set(gaps[3:]) == {32}
+
+
+def test_a_retry_that_wins_switches_back():
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=4)
+    _run(ctl, {0: 30.0, 4: 12.0}, 40)  # free text: off
+    choices = _run(ctl, {0: 30.0, 4: 90.0}, 80)  # the text became copyable
+    assert choices[-20:].count(4) >= 17  # speculating again, apart from the occasional retry of k=0
+
+
+def test_mixed_steps_are_not_measured():
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=1000)
+    _run(ctl, {0: 1.0, 4: 1000.0}, 10, other_tokens=64)  # prefill-dominated: no evidence either way
+    assert ctl.summary()[1]["median_tok_per_s"] == {0: None, 4: None}
+
+
+def test_each_batch_size_bucket_learns_separately():
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=1000)
+    _run(ctl, {0: 10.0, 4: 40.0}, 10, num_decoding=1)
+    _run(ctl, {0: 40.0, 4: 10.0}, 10, num_decoding=16)
+    assert ctl.choose_k(1) == 4
+    assert ctl.choose_k(13) == 0  # 13 rounds up to the 16 bucket
+
+
+def test_not_adaptive_always_proposes_k():
+    ctl = SpecController(max_k=3, adaptive=False)
+    assert set(_run(ctl, {0: 100.0, 3: 1.0}, 10)) == {3}
 
 
 def test_acceptance_bookkeeping():
