@@ -25,11 +25,16 @@ class WorkItem:
     num_logits: int  # trailing positions whose logits are returned
 
 
-def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int):
+def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int, query_width: int | None = None):
     """Returns (device StepBatch, static max_q_len, static num_prefill_slots, first logits row of each item).
 
     Items with more than one token are laid out first, so that the slots ``[0, num_prefill_slots)`` hold
     every multi-token item and the rest are single-token decodes (see the XLA attention path).
+
+    ``query_width`` (speculative decoding: 1 + k) makes verification steps one shape per batch size: when
+    some item has several tokens and none has more than ``query_width``, the step is padded as if every
+    slot verified ``query_width`` tokens (logits rows too, if any item wants more than one), so varying
+    numbers of drafts do not compile new shapes.
     """
     bs = block_size
     order = sorted(range(len(items)), key=lambda i: len(items[i].tokens) == 1)
@@ -42,6 +47,11 @@ def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int):
     multi = sum(1 for w in items if len(w.tokens) > 1)
     prefill_slots = 0 if max_q == 1 else min(bucket(multi), S)
     R = max(bucket(max(sum(w.num_logits for w in items), 1)), S)
+    lengths = [len(w.tokens) for w in items]
+    if query_width is not None and 1 < max(lengths) <= query_width:
+        T = bucket(S * query_width)
+        R = T if max(w.num_logits for w in items) > 1 else S
+        max_q, prefill_slots = bucket(query_width), S
 
     token_ids = np.zeros(T, np.int32)
     positions = np.zeros(T, np.int32)

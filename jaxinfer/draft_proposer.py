@@ -3,8 +3,9 @@
 The draft runs through the same machinery as the target: the same ragged jitted step (its own config,
 params and paged KV cache), the same block ids (its cache has as many blocks as the target's, so the block
 manager's allocations serve both). Per sequence, ``draft_num_computed`` says how many tokens the draft has
-K/V for; a proposal round first catches up on the missing ones (a prompt, or the tokens accepted last
-step) and samples d1, then runs k-1 single-token steps. After verification the engine clamps
+K/V for; a proposal first catches up on the missing ones (a prompt, the tokens accepted last step, or
+everything since speculation was last on) in fixed-width chunks, then samples d1 from a step over the
+last few tokens, then runs k-1 single-token steps. After verification the engine clamps
 ``draft_num_computed`` to the target's computed length, so rejected guesses are simply overwritten.
 The draft distributions q of the proposals stay on device for the rejection sampler.
 """
@@ -17,6 +18,9 @@ import numpy as np
 from jaxinfer import rejection_sampler
 from jaxinfer.batch_packing import WorkItem
 from jaxinfer.runner import ModelRunner
+
+
+CATCH_UP_CHUNKS = 8  # a catch-up step feeds up to 8 x (1 + k) tokens per sequence
 
 
 class DraftProposer:
@@ -33,6 +37,7 @@ class DraftProposer:
         if not active:
             return
         runner = self.runner
+        self._catch_up([s for s, _ in active])
         max_k = max(k for _, k in active)
         drafts = {s.seq_id: [] for s, _ in active}
         for j in range(max_k):
@@ -72,6 +77,25 @@ class DraftProposer:
                 s.draft_num_computed = s.num_tokens + j  # K/V now covers up to the token fed this round
         for s, _ in active:
             s.spec_token_ids = drafts[s.seq_id]
+
+    def _catch_up(self, seqs) -> None:
+        """Feed the draft the tokens it has not seen (after steps without speculation, or a prompt) in
+        chunks of ``CATCH_UP_CHUNKS x query_width`` tokens, leaving at most ``query_width`` for the first
+        proposal round: every catch-up step then has one shape per batch size, however long the gap."""
+        width = self.runner.query_width or 1
+        chunk = CATCH_UP_CHUNKS * width
+        while True:
+            items = []
+            for s in seqs:
+                behind = s.num_tokens - width - s.draft_num_computed
+                if behind > 0:
+                    n = min(behind, chunk)
+                    start = s.draft_num_computed
+                    items.append(WorkItem(s.block_ids, start, s.token_ids[start : start + n], 0))
+                    s.draft_num_computed = start + n
+            if not items:
+                return
+            self.runner.run_step(items, query_width=chunk)
 
     def probs_for(self, owners: list[tuple], num_rows: int):
         """[num_rows, V] draft distributions for verification rows (seq, j); rows past a draft: zeros."""

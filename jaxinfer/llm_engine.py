@@ -84,6 +84,8 @@ class LLMEngine:
         )
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(sched_cfg, self.block_manager)
+        spec = SpeculativeConfig.from_dict(config.speculative_config) if config.speculative_config else None
+        self.query_width = 1 + spec.num_speculative_tokens if spec is not None else None
         self.runner = ModelRunner(
             cfg,
             params,
@@ -93,22 +95,23 @@ class LLMEngine:
             kv_dtype=self.dtype,
             attention_backend=backend,
             eos_token_ids=self.eos_token_ids,
+            query_width=self.query_width,
         )
-        self._setup_speculation(config.speculative_config or None)
+        self._setup_speculation(spec)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
         self.num_steps = 0
 
-    def _setup_speculation(self, spec: dict | None) -> None:
+    def _setup_speculation(self, sc: SpeculativeConfig | None) -> None:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self._propose_seconds = 0.0  # host + draft time spent preparing the next step's proposals
+        self._proposed_at = 0.0  # when they were ready: the step they prepared runs from then on
         self.proposer = None
         self.spec_controller = None
-        if spec is None:
+        if sc is None:
             return
-        sc = SpeculativeConfig.from_dict(spec)
         self.spec_config = sc
         self.spec_controller = SpecController(sc.num_speculative_tokens, adaptive=sc.adaptive)
         if sc.method == "ngram":
@@ -137,6 +140,7 @@ class LLMEngine:
             kv_dtype=self.dtype,
             attention_backend=self.attention_backend,
             eos_token_ids=self.eos_token_ids,
+            query_width=self.query_width,
         )
         self.draft_runner = draft_runner
         self.proposer = DraftProposer(draft_runner)
@@ -283,7 +287,6 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        t0 = time.perf_counter()
         draft_probs = self.proposer.probs_for if isinstance(self.proposer, DraftProposer) else None
         emitted = self.runner.execute(plan.scheduled, draft_probs_for=draft_probs)
         self.num_steps += 1
@@ -315,11 +318,14 @@ class LLMEngine:
                     req.metrics.first_token_time = now
                 touched[req.request_id] = req
         if self.spec_controller is not None:
+            # The step's full cycle: the caller's loop, scheduling, the device step, bookkeeping, and the
+            # proposals that prepared it (a step that was not prepared by a measured choice is ignored).
             emitted_count = sum(len(tokens) for tokens in emitted.values())
-            self.spec_controller.record_step(emitted_count, time.perf_counter() - t0 + self._propose_seconds)
-        t_propose = time.perf_counter()
-        self._propose()
-        self._propose_seconds = time.perf_counter() - t_propose
+            t = time.perf_counter()
+            self.spec_controller.record_step(emitted_count, t - self._proposed_at + self._propose_seconds)
+            self._propose()
+            self._proposed_at = time.perf_counter()
+            self._propose_seconds = self._proposed_at - t
         outputs = []
         for req in touched.values():
             if req.finished:

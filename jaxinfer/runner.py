@@ -65,11 +65,13 @@ class ModelRunner:
         attention_backend: str = "xla",
         interpret: bool | None = None,
         eos_token_ids: tuple[int, ...] = (),
+        query_width: int | None = None,
     ):
         self.cfg = cfg
         self.eos_token_ids = tuple(eos_token_ids)
         self.params = params
         self.block_size = block_size
+        self.query_width = query_width  # 1 + k under speculation: verification steps get one shape per batch
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
         self.step_fn = make_step_fn(cfg, attention_backend, interpret)
@@ -84,9 +86,12 @@ class ModelRunner:
         self._signatures.add(signature)
 
     # ----------------------------------------------------------------- stepping
-    def run_step(self, items: list[WorkItem]):
-        """Run the jitted step on packed work items: (logits [R, V] on device, first row of each item)."""
-        batch, max_q, prefill_slots, rows = pack(items, self.block_size, self.max_blocks_per_seq)
+    def run_step(self, items: list[WorkItem], query_width: int | None = None):
+        """Run the jitted step on packed work items: (logits [R, V] on device, first row of each item).
+
+        ``query_width`` overrides the runner's (see ``batch_packing.pack``)."""
+        width = self.query_width if query_width is None else query_width
+        batch, max_q, prefill_slots, rows = pack(items, self.block_size, self.max_blocks_per_seq, width)
         self._note(("step", *signature(batch, max_q), prefill_slots))
         logits, self.kv_cache = self.step_fn(self.params, self.kv_cache, batch, max_q, prefill_slots)
         return logits, rows
