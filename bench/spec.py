@@ -6,10 +6,16 @@ of a different source file; the continuation is new text. Both use the embedded 
 ``--output-len`` tokens) at each batch size. Per configuration: tokens/s, speedup over no speculation,
 acceptance rate, mean accepted length (tokens emitted per sequence per verification step) and the
 per-position acceptance; plus whether the greedy tokens equal the non-speculative ones.
+
+Each configuration is timed on one engine after untimed passes over the same prompts (at least two, until
+a pass compiles nothing new): the steady state of a server, where the adaptive rule has measured both
+arms at this batch size. Then ``--repeats`` timed passes; tok/s comes from the median pass. Compilations
+inside the timed passes are reported.
 """
 
 from __future__ import annotations
 
+import statistics
 import sysconfig
 import time
 from pathlib import Path
@@ -36,32 +42,42 @@ def make_prompts(tokenizer, task: str, batch: int, passage_tokens: int) -> list[
     return prompts
 
 
-def _measure(llm: LLM, prompts, output_len: int) -> dict:
+def _measure(llm: LLM, prompts, output_len: int, max_warmup_passes: int, repeats: int) -> dict:
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    llm.generate(prompts, params, use_tqdm=False)  # warm-up: compile
-    llm.generate(prompts, params, use_tqdm=False)
+    warmup_passes = 0
+    while warmup_passes < max_warmup_passes:  # until a pass compiles nothing new (at least two passes)
+        compiled = engine.stats()["num_compilations"]
+        llm.generate(prompts, params, use_tqdm=False)
+        warmup_passes += 1
+        if warmup_passes >= 2 and engine.stats()["num_compilations"] == compiled:
+            break
     before = engine.stats()
     ctl = engine.spec_controller
     if ctl is not None:
         ctl.per_position_proposed = [0] * ctl.max_k
         ctl.per_position_accepted = [0] * ctl.max_k
     steps0 = engine.num_steps
-    t = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - t
+    pass_seconds = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        pass_seconds.append(time.perf_counter() - t)
+    elapsed = statistics.median(pass_seconds)
     after = engine.stats()
     drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
-    steps = engine.num_steps - steps0
+    steps = (engine.num_steps - steps0) / repeats
     per_pos = None
     if ctl is not None:
         per_pos = [a / p if p else None for a, p in zip(ctl.per_position_accepted, ctl.per_position_proposed)]
     return {
+        "warmup_passes": warmup_passes,
         "compilations_in_timed_run": after["num_compilations"] - before["num_compilations"],
         "tok_per_s": generated / elapsed,
         "seconds": elapsed,
+        "pass_seconds": pass_seconds,
         "steps": steps,
         "draft_tokens": drafted,
         "accepted_tokens": accepted,
@@ -88,7 +104,8 @@ def run(args) -> dict:
         tok = llm.get_tokenizer()
         for task in args.tasks:
             for b in args.batch_sizes:
-                r = _measure(llm, make_prompts(tok, task, b, args.passage_tokens), args.output_len)
+                r = _measure(llm, make_prompts(tok, task, b, args.passage_tokens), args.output_len,
+                             args.warmup_passes, args.repeats)
                 r.update(method=method, task=task, batch_size=b)
                 results.append(r)
     base = {(r["task"], r["batch_size"]): r for r in results if r["method"] == "off"}
@@ -124,4 +141,7 @@ def add_arguments(p) -> None:
     p.add_argument("--passage-tokens", type=int, default=192)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--no-adaptive", action="store_true", help="always propose k tokens")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes; tok/s is taken from the median")
+    p.add_argument("--warmup-passes", type=int, default=5,
+                   help="untimed passes before the timed one; stops early after a pass that compiled nothing")
     p.add_argument("--output", default=None)
