@@ -7,8 +7,8 @@ of a different source file; the continuation is new text. Both use the embedded 
 acceptance rate, mean accepted length (tokens emitted per sequence per verification step) and the
 per-position acceptance; plus whether the greedy tokens equal the non-speculative ones.
 
-Each configuration is timed on one engine after untimed passes over the same prompts (at least two, until
-a pass compiles nothing new): the steady state of a server, where the adaptive rule has measured both
+Each configuration is timed on one engine after untimed passes over the same prompts (until two passes in
+a row compile nothing new, at most ``--warmup-passes``): the steady state of a server, where the adaptive rule has measured both
 arms at this batch size. Then ``--repeats`` timed passes; tok/s comes from the median pass. Compilations
 inside the timed passes are reported.
 """
@@ -45,13 +45,12 @@ def make_prompts(tokenizer, task: str, batch: int, passage_tokens: int) -> list[
 def _measure(llm: LLM, prompts, output_len: int, max_warmup_passes: int, repeats: int) -> dict:
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    warmup_passes = 0
-    while warmup_passes < max_warmup_passes:  # until a pass compiles nothing new (at least two passes)
+    warmup_passes = quiet_passes = 0
+    while warmup_passes < max_warmup_passes and quiet_passes < 2:  # until two passes in a row compile nothing
         compiled = engine.stats()["num_compilations"]
         llm.generate(prompts, params, use_tqdm=False)
         warmup_passes += 1
-        if warmup_passes >= 2 and engine.stats()["num_compilations"] == compiled:
-            break
+        quiet_passes = quiet_passes + 1 if engine.stats()["num_compilations"] == compiled else 0
     before = engine.stats()
     ctl = engine.spec_controller
     if ctl is not None:
@@ -142,6 +141,6 @@ def add_arguments(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--no-adaptive", action="store_true", help="always propose k tokens")
     p.add_argument("--repeats", type=int, default=3, help="timed passes; tok/s is taken from the median")
-    p.add_argument("--warmup-passes", type=int, default=5,
-                   help="untimed passes before the timed one; stops early after a pass that compiled nothing")
+    p.add_argument("--warmup-passes", type=int, default=6,
+                   help="most untimed passes before the timed ones; stops after two in a row compiled nothing")
     p.add_argument("--output", default=None)
