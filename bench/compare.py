@@ -98,7 +98,9 @@ def run(args) -> dict:
         sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         reqs = [{"prompt_token_ids": p.tolist()} for p in prompts]
         llm.generate(reqs, sp, use_tqdm=False)  # warm-up (compiles)
+        engine.wait_for_compilations()
         latency.run_batch(llm, b, args.input_len, n, seed=3)
+        engine.wait_for_compilations()
         t = time.perf_counter()
         outs = llm.generate(reqs, sp, use_tqdm=False)
         ours_t = time.perf_counter() - t

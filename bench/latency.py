@@ -47,6 +47,7 @@ def run(args) -> dict:
     cfg = engine.model_config
     for b in args.batch_sizes:  # warm-up: compile every shape the measurement will use
         run_batch(llm, b, args.input_len, min(args.output_len, 40), seed=1)
+        engine.wait_for_compilations()
     compilations = engine.stats()["num_compilations"]
     bw = hardware.measure_bandwidth()
     rows, results = [], []

@@ -11,7 +11,9 @@ in a server. When nothing runs or waits it sleeps until the next arrival. Decodi
 Before the timed run the same engine replays the same schedule (other prompt tokens) up to
 ``--warmup-passes`` times, stopping after a pass that compiled nothing new: on CPU one compilation takes
 seconds, longer than the effect being measured. ``num_compilations`` before and after are reported, and the
-time spent in steps that compiled ("compile stall"), so a recompile inside the timed run shows.
+time spent in steps that waited for a compilation ("compile stall"), so a recompile inside the timed run
+shows. (With the engine's background compilation a new shape usually runs padded in a larger compiled one
+while it compiles; ``num_fallback_steps`` counts those steps.)
 
 Reported per run: TTFT, TPOT (``(finish - first token) / (n_out - 1)``), ITL (gaps between a request's
 consecutive tokens, as seen by the driver after each step) and end-to-end latency, each at P50/P90/P99;
@@ -130,7 +132,7 @@ class StepSample:
     num_running: int  # sequences in the batch of this step
     num_waiting: int  # requests queued when it returned (in the engine, or arrived during the step)
     duration_s: float  # wall time of engine.step()
-    compiled: bool  # the step met a shape not compiled before
+    compiled: bool  # the step waited for a compilation (a shape nothing compiled could hold)
 
 
 @dataclasses.dataclass
@@ -170,7 +172,7 @@ def replay(engine, workload: list[TimedRequest], params_for: Callable[[TimedRequ
         t_step = time.monotonic()
         outs = engine.step()
         t = time.monotonic()
-        steps_before, compiled_before = stats["num_steps"], stats["num_compilations"]
+        steps_before, compiled_before = stats["num_steps"], stats["num_blocking_compilations"]
         stats = engine.stats()
         if stats["num_steps"] == steps_before:  # nothing scheduled: a static batch is still forming
             time.sleep(max(0.0, min(_POLL_S, next_arrival - t)))
@@ -185,7 +187,7 @@ def replay(engine, workload: list[TimedRequest], params_for: Callable[[TimedRequ
         arrived_during_step = bisect.bisect_right(arrivals, t - start) - nxt
         steps.append(StepSample(t - start, stats["num_running"] + num_finished,
                                 stats["num_waiting"] + arrived_during_step, t - t_step,
-                                stats["num_compilations"] > compiled_before))
+                                stats["num_blocking_compilations"] > compiled_before))
     return Trace(start, outputs, token_times, steps, compilations_before, engine.stats()["num_compilations"])
 
 
@@ -267,6 +269,8 @@ def measure(llm: LLM, build_workload: Callable[[int, str], list[TimedRequest]], 
     passes = []
     for k in range(warmup_passes):
         trace = replay(engine, build_workload(k + 1, f"warmup{k}"), params_for)
+        engine.wait_for_compilations()
+        trace.num_compilations_after = engine.stats()["num_compilations"]
         passes.append(trace.num_compilations_after - trace.num_compilations_before)
         if passes[-1] == 0:
             break

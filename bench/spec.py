@@ -49,6 +49,7 @@ def _measure(llm: LLM, prompts, output_len: int, max_warmup_passes: int, repeats
     while warmup_passes < max_warmup_passes and quiet_passes < 2:  # until two passes in a row compile nothing
         compiled = engine.stats()["num_compilations"]
         llm.generate(prompts, params, use_tqdm=False)
+        engine.wait_for_compilations()
         warmup_passes += 1
         quiet_passes = quiet_passes + 1 if engine.stats()["num_compilations"] == compiled else 0
     before = engine.stats()

@@ -2,9 +2,12 @@
 
 A work item is one sequence's contribution to a step: its block ids, the position of its first new token,
 the new tokens, and how many of its trailing positions need logits (1 for a normal step, 1 + k when k
-speculative tokens are verified, 0 for a prefill chunk that does not reach the end of the prompt). Counts
-are padded to powers of two (tokens, sequences, blocks per sequence, logits rows, longest query run), so a
-serving workload touches only a few compiled shapes.
+speculative tokens are verified, 0 for a prefill chunk that does not reach the end of the prompt).
+
+``plan_shape`` rounds the step's counts up to powers of two (tokens, sequences, blocks per sequence,
+logits rows, longest query run, multi-token slots): a ``StepShape``, the key of one compiled executable.
+``pack`` lays the items out in any shape that fits them, so a step may also run in a larger shape that is
+already compiled (see ``jaxinfer.step_executables``).
 """
 
 from __future__ import annotations
@@ -25,33 +28,64 @@ class WorkItem:
     num_logits: int  # trailing positions whose logits are returned
 
 
-def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int, query_width: int | None = None):
-    """Returns (device StepBatch, static max_q_len, static num_prefill_slots, first logits row of each item).
+@dataclasses.dataclass(frozen=True, order=True)
+class StepShape:
+    num_tokens: int  # T: flat query tokens
+    num_seqs: int  # S: sequence slots
+    max_blocks: int  # MB: block-table width
+    num_logits: int  # R: logits rows
+    max_q_len: int  # longest query run of the slots [0, num_prefill_slots)
+    num_prefill_slots: int  # P: leading slots that may hold several tokens; the rest hold one
 
-    Items with more than one token are laid out first, so that the slots ``[0, num_prefill_slots)`` hold
-    every multi-token item and the rest are single-token decodes (see the XLA attention path).
+    def fits(self, need: "StepShape") -> bool:
+        """Whether a step planned as ``need`` can run in this shape (every count at least as large)."""
+        if need.num_prefill_slots and (self.num_prefill_slots < need.num_prefill_slots
+                                       or self.max_q_len < need.max_q_len):
+            return False
+        return (self.num_tokens >= need.num_tokens and self.num_seqs >= need.num_seqs
+                and self.max_blocks >= need.max_blocks and self.num_logits >= need.num_logits)
+
+    def cost(self, token_flops: float, context_flops: float, logits_flops: float, block_size: int) -> float:
+        """A FLOP estimate: projections per token, attention per (query slot x key), the LM head per row."""
+        P, S = self.num_prefill_slots, self.num_seqs
+        query_slots = P * self.max_q_len + (S - P)
+        return (self.num_tokens * token_flops + query_slots * self.max_blocks * block_size * context_flops
+                + self.num_logits * logits_flops)
+
+
+def plan_shape(items: list[WorkItem], max_blocks_per_seq: int, query_width: int | None = None) -> StepShape:
+    """The bucketed shape of a step.
 
     ``query_width`` (speculative decoding: 1 + k) makes verification steps one shape per batch size: when
     some item has several tokens and none has more than ``query_width``, the step is padded as if every
     slot verified ``query_width`` tokens (logits rows too, if any item wants more than one), so varying
     numbers of drafts do not compile new shapes.
     """
-    bs = block_size
-    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens) == 1)
-    items = [items[i] for i in order]
-    num_tokens = sum(len(w.tokens) for w in items)
-    T = bucket(num_tokens)
+    lengths = [len(w.tokens) for w in items]
+    T = bucket(sum(lengths))
     S = bucket(len(items))
     MB = min(bucket(max(len(w.block_ids) for w in items)), max_blocks_per_seq)
-    max_q = min(bucket(max(len(w.tokens) for w in items)), T)
-    multi = sum(1 for w in items if len(w.tokens) > 1)
-    prefill_slots = 0 if max_q == 1 else min(bucket(multi), S)
+    max_q = min(bucket(max(lengths)), T)
+    multi = sum(1 for n in lengths if n > 1)
+    P = 0 if max_q == 1 else min(bucket(multi), S)
     R = max(bucket(max(sum(w.num_logits for w in items), 1)), S)
-    lengths = [len(w.tokens) for w in items]
     if query_width is not None and 1 < max(lengths) <= query_width:
         T = bucket(S * query_width)
         R = T if max(w.num_logits for w in items) > 1 else S
-        max_q, prefill_slots = bucket(query_width), S
+        max_q, P = bucket(query_width), S
+    return StepShape(T, S, MB, R, max_q, P)
+
+
+def pack(items: list[WorkItem], block_size: int, shape: StepShape):
+    """Lay the items out in ``shape`` (which must fit them): (device StepBatch, first logits row per item).
+
+    Items with more than one token are laid out first, so that the slots ``[0, num_prefill_slots)`` hold
+    every multi-token item and the rest are single-token decodes (see the XLA attention path).
+    """
+    bs = block_size
+    order = sorted(range(len(items)), key=lambda i: len(items[i].tokens) == 1)
+    items = [items[i] for i in order]
+    T, S, MB, R = shape.num_tokens, shape.num_seqs, shape.max_blocks, shape.num_logits
 
     token_ids = np.zeros(T, np.int32)
     positions = np.zeros(T, np.int32)
@@ -81,10 +115,14 @@ def pack(items: list[WorkItem], block_size: int, max_blocks_per_seq: int, query_
     starts = [0] * len(items)
     for slot, i in enumerate(order):
         starts[i] = row_starts[slot]
-    return jax.device_put(batch), max_q, prefill_slots, starts
+    return jax.device_put(batch), starts
 
 
-def signature(batch: StepBatch, max_q: int) -> tuple:
-    """The compiled-shape key of a step."""
-    return (batch.token_ids.shape[0], batch.kv_lens.shape[0], batch.block_tables.shape[1],
-            batch.logits_indices.shape[0], max_q)
+def abstract_batch(shape: StepShape) -> StepBatch:
+    """The StepBatch of ``shape`` as ShapeDtypeStructs (for compiling ahead of the data)."""
+    T, S, MB, R = shape.num_tokens, shape.num_seqs, shape.max_blocks, shape.num_logits
+
+    def i32(*dims):
+        return jax.ShapeDtypeStruct(dims, np.int32)
+
+    return StepBatch(i32(T), i32(T), i32(T), i32(S, MB), i32(S + 1), i32(S), i32(R))

@@ -25,6 +25,9 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     static_batch_timeout_s: float = 0.5
     attention_backend: str = "auto"
+    # Compile new step shapes on a background thread, running steps padded into an already-compiled larger
+    # shape meanwhile (see jaxinfer.step_executables); False: every new shape waits for its compilation.
+    background_compilation: bool = True
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
     quantization: str | None = None

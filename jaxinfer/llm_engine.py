@@ -96,6 +96,7 @@ class LLMEngine:
             attention_backend=backend,
             eos_token_ids=self.eos_token_ids,
             query_width=self.query_width,
+            background_compilation=config.background_compilation,
         )
         self._setup_speculation(spec)
         self._requests: dict[str, _Request] = {}
@@ -141,6 +142,7 @@ class LLMEngine:
             attention_backend=self.attention_backend,
             eos_token_ids=self.eos_token_ids,
             query_width=self.query_width,
+            background_compilation=self.config.background_compilation,
         )
         self.draft_runner = draft_runner
         self.proposer = DraftProposer(draft_runner)
@@ -421,9 +423,16 @@ class LLMEngine:
             num_cached_tokens=req.metrics.num_cached_tokens,
         )
 
+    def wait_for_compilations(self) -> None:
+        """Block until the step shapes compiling in the background are ready (benchmarks' warm-up)."""
+        self.runner.executables.wait()
+        if isinstance(self.proposer, DraftProposer):
+            self.draft_runner.executables.wait()
+
     # -------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
         bm = self.block_manager
+        runners = [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
         return {
             "free_blocks": bm.num_free_blocks,
             "total_blocks": bm.num_usable_blocks,
@@ -436,8 +445,9 @@ class LLMEngine:
             "prefix_cache_miss_tokens": dict(bm.miss_tokens),
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
-            "num_compilations": self.runner.num_compilations
-            + (self.draft_runner.num_compilations if isinstance(self.proposer, DraftProposer) else 0),
+            "num_compilations": sum(r.num_compilations for r in runners),
+            "num_blocking_compilations": sum(r.num_blocking_compilations for r in runners),
+            "num_fallback_steps": sum(r.executables.num_fallback_steps for r in runners),
             "num_steps": self.num_steps,
             "speculation_arms": self.spec_controller.summary() if self.spec_controller is not None else {},
         }

@@ -1,10 +1,11 @@
 """The model runner: where host-side plans meet device-side arrays.
 
-It owns the params, the paged KV cache and the jitted functions. ``execute(plan)`` packs the scheduler's
-plan into a padded ``StepBatch`` (token/sequence/block counts rounded up to powers of two so that the set of
-compiled shapes stays small), runs the jitted step with the cache donated, samples the sequences that reached
-the end of their known tokens, and returns the sampled tokens to the host. Each distinct compiled signature
-is counted in ``num_compilations``.
+It owns the params, the paged KV cache and the jitted functions. ``execute(plan)`` plans the step's shape
+(token/sequence/block counts rounded up to powers of two so that the set of compiled shapes stays small),
+takes an executable for it from ``StepExecutables`` (which may hand out a larger compiled shape while the
+exact one compiles in the background), packs the plan into a padded ``StepBatch``, runs the step with the
+cache donated, samples the sequences that reached the end of their known tokens, and returns the sampled
+tokens to the host. Every compiled step shape and sampler signature is counted in ``num_compilations``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import numpy as np
 from jaxinfer import sampler as sampler_lib
 from jaxinfer.attention import get_attention_fn
 from jaxinfer.batch import StepBatch, bucket
-from jaxinfer.batch_packing import WorkItem, pack, signature
+from jaxinfer.batch_packing import StepShape, WorkItem, pack, plan_shape
 from jaxinfer import rejection_sampler
 from jaxinfer.config import ModelConfig
 from jaxinfer.kv_cache import allocate_kv_cache
 from jaxinfer.model import forward
 from jaxinfer.scheduler import ScheduledSeq
+from jaxinfer.step_executables import StepExecutables
 
 
 def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None):
@@ -66,6 +68,7 @@ class ModelRunner:
         interpret: bool | None = None,
         eos_token_ids: tuple[int, ...] = (),
         query_width: int | None = None,
+        background_compilation: bool = True,
     ):
         self.cfg = cfg
         self.eos_token_ids = tuple(eos_token_ids)
@@ -75,12 +78,25 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
         self.step_fn = make_step_fn(cfg, attention_backend, interpret)
+        self.executables = StepExecutables(self.step_fn, params, self.kv_cache, self._shape_cost,
+                                           background=background_compilation)
         self.sample_fn = sampler_lib.sample  # jitted; static flags select cheap variants
-        self._signatures: set = set()
+        self._signatures: set = set()  # sampler signatures seen (each one compiled once)
 
     @property
     def num_compilations(self) -> int:
-        return len(self._signatures)
+        return len(self._signatures) + self.executables.num_compiled
+
+    @property
+    def num_blocking_compilations(self) -> int:
+        """Compilations a step waited for: step shapes nothing compiled could hold, and sampler shapes."""
+        return len(self._signatures) + self.executables.num_blocking
+
+    def _shape_cost(self, shape: StepShape) -> float:
+        cfg = self.cfg
+        return shape.cost(token_flops=2.0 * cfg.num_params,
+                          context_flops=4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim,
+                          logits_flops=2.0 * cfg.hidden_size * cfg.vocab_size, block_size=self.block_size)
 
     def _note(self, signature) -> None:
         self._signatures.add(signature)
@@ -91,9 +107,9 @@ class ModelRunner:
 
         ``query_width`` overrides the runner's (see ``batch_packing.pack``)."""
         width = self.query_width if query_width is None else query_width
-        batch, max_q, prefill_slots, rows = pack(items, self.block_size, self.max_blocks_per_seq, width)
-        self._note(("step", *signature(batch, max_q), prefill_slots))
-        logits, self.kv_cache = self.step_fn(self.params, self.kv_cache, batch, max_q, prefill_slots)
+        shape, executable = self.executables.get(plan_shape(items, self.max_blocks_per_seq, width))
+        batch, rows = pack(items, self.block_size, shape)
+        logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
         return logits, rows
 
     def build_sampling_metadata(self, rows: list[tuple], num_rows: int):

@@ -1,16 +1,19 @@
-"""Packing work items into a padded StepBatch: bucketed shapes, and one shape per batch size under
-speculation however many drafts each sequence carries."""
+"""Packing work items into a padded StepBatch: bucketed shapes, one shape per batch size under
+speculation however many drafts each sequence carries, and packing into any larger shape."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from jaxinfer.batch_packing import WorkItem, pack, signature
+from jaxinfer.batch_packing import StepShape, WorkItem, pack, plan_shape
 
 
 def _sig(items, query_width=None):
-    batch, max_q, prefill_slots, starts = pack(items, 16, 8, query_width)
-    return (*signature(batch, max_q), prefill_slots), batch, starts
+    shape = plan_shape(items, 8, query_width)
+    batch, starts = pack(items, 16, shape)
+    return dataclasses.astuple(shape), batch, starts
 
 
 def _verify_item(seq: int, num_drafts: int) -> WorkItem:
@@ -51,3 +54,29 @@ def test_catch_up_steps_ask_for_no_logits_rows_beyond_the_slots():
     sig, batch, _ = _sig(items, query_width=40)
     T, S, MB, R, max_q, prefill_slots = sig
     assert (T, S, R, max_q) == (256, 4, 4, 64)
+
+
+def test_fits_requires_every_count_and_room_for_multi_token_slots():
+    need = StepShape(64, 4, 4, 4, 32, 2)
+    assert StepShape(128, 8, 8, 8, 32, 2).fits(need)
+    assert not StepShape(128, 8, 8, 8, 16, 2).fits(need)  # query runs too short
+    assert not StepShape(128, 8, 8, 8, 32, 1).fits(need)  # too few multi-token slots
+    assert not StepShape(32, 8, 8, 8, 32, 2).fits(need)
+    decode = StepShape(4, 4, 4, 4, 1, 0)
+    assert StepShape(64, 4, 4, 4, 32, 2).fits(decode)  # single tokens fit any slot
+
+
+def test_packing_into_a_larger_shape_keeps_every_token_in_place():
+    items = [WorkItem([1, 2], 3, [9, 8, 7], 1), WorkItem([3], 5, [6], 1), WorkItem([4, 5, 6], 20, [5, 4], 2)]
+    need = plan_shape(items, 8)
+    big = StepShape(need.num_tokens * 4, need.num_seqs * 2, need.max_blocks * 2, need.num_logits * 2,
+                     need.max_q_len * 2, need.num_prefill_slots * 2)
+    a, starts_a = pack(items, 16, need)
+    b, starts_b = pack(items, 16, big)
+    n = int(a.cu_q_lens[-1])
+    assert starts_a == starts_b
+    for field in ("token_ids", "positions", "slot_mapping"):
+        assert np.array_equal(np.asarray(getattr(a, field))[:n], np.asarray(getattr(b, field))[:n])
+        assert not np.asarray(getattr(b, field))[n:].any()  # padding: token 0 at position 0, null slot
+    assert np.array_equal(np.asarray(a.logits_indices)[:4], np.asarray(b.logits_indices)[:4])
+    assert np.array_equal(np.asarray(b.kv_lens)[:3], [6, 22, 6]) and not np.asarray(b.kv_lens)[3:].any()

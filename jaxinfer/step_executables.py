@@ -1,0 +1,105 @@
+"""Compiled executables of the ragged step, one per ``StepShape``, compiled without stalling the engine.
+
+A step whose shape has not been compiled would wait for XLA (seconds on a CPU, longer than hundreds of
+decode steps). Instead, when an already-compiled larger shape fits the step and its estimated cost is at
+most ``max_fallback_cost_ratio`` times the exact shape's, the step runs padded in that shape while the
+exact shape compiles on a background thread; the next steps of that shape use it once it is ready. Only
+a step that nothing compiled can hold waits for its compilation ("blocking"). Padding never changes the
+result of a real token, only how much work is wasted, so this is invisible in the outputs.
+
+Compilation is ahead of time (``jit(...).lower(abstract args).compile()``): the abstract params and cache
+are fixed at construction, and the batch is described by its shape alone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import jax
+
+from jaxinfer.batch_packing import StepShape, abstract_batch
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+class StepExecutables:
+    def __init__(self, step_fn, params, kv_cache, cost, *, background: bool = True,
+                 max_fallback_cost_ratio: float = 3.0):
+        """``step_fn``: the jitted step (static ``max_q_len`` and ``num_prefill_slots``); ``cost``: a
+        function StepShape -> estimated FLOPs, used to pick and bound fallbacks."""
+        self._step_fn = step_fn
+        self._params = _abstract(params)
+        self._cache = _abstract(kv_cache)
+        self._cost = cost
+        self.background = background
+        self.max_fallback_cost_ratio = max_fallback_cost_ratio
+        self._ready: dict[StepShape, object] = {}
+        self._compiling: dict[StepShape, concurrent.futures.Future] = {}
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.num_blocking = 0
+        self.num_fallback_steps = 0
+
+    @property
+    def num_compiled(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    def _compile(self, shape: StepShape):
+        lowered = self._step_fn.lower(self._params, self._cache, abstract_batch(shape),
+                                      max_q_len=shape.max_q_len, num_prefill_slots=shape.num_prefill_slots)
+        return lowered.compile()
+
+    def _finish(self, shape: StepShape, future: concurrent.futures.Future) -> None:
+        executable = future.result()  # a failed compile raises here, in the engine's thread
+        with self._lock:
+            self._ready[shape] = executable
+            self._compiling.pop(shape, None)
+
+    def _harvest(self) -> None:
+        for shape, future in list(self._compiling.items()):
+            if future.done():
+                self._finish(shape, future)
+
+    def _fallback(self, need: StepShape):
+        limit = self._cost(need) * self.max_fallback_cost_ratio
+        fits = [(self._cost(s), s) for s in self._ready if s.fits(need)]
+        fits = [(c, s) for c, s in fits if c <= limit]
+        return min(fits)[1] if fits else None
+
+    def get(self, need: StepShape):
+        """(the shape to pack the step in, its executable)."""
+        self._harvest()
+        if need in self._ready:
+            return need, self._ready[need]
+        if self.background:
+            if need not in self._compiling:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxinfer-compile")
+                self._compiling[need] = self._pool.submit(self._compile, need)
+            shape = self._fallback(need)
+            if shape is not None:
+                self.num_fallback_steps += 1
+                return shape, self._ready[shape]
+            future = self._compiling[need]
+            self._finish(need, future)  # nothing compiled fits: wait for it
+            self.num_blocking += 1
+            return need, self._ready[need]
+        self._ready[need] = self._compile(need)
+        self.num_blocking += 1
+        return need, self._ready[need]
+
+    def wait(self) -> None:
+        """Block until every background compilation has finished (tests, benchmarks' warm-up)."""
+        for shape, future in list(self._compiling.items()):
+            self._finish(shape, future)
+
+    def stats(self) -> dict:
+        with self._lock:
+            compiling = len(self._compiling)
+        return {"compiled": self.num_compiled, "blocking": self.num_blocking,
+                "background": self.num_compiled - self.num_blocking, "compiling": compiling,
+                "fallback_steps": self.num_fallback_steps}
