@@ -30,8 +30,15 @@ def write_kv(cache: jax.Array, new: jax.Array, slot_mapping: jax.Array) -> jax.A
     One scatter indexed by (block, offset): XLA performs it in place on the donated buffer. (Scattering into
     a flattened [N*BS, ...] view, or a loop of dynamic-update-slices, made XLA:CPU copy the whole cache.)
     Slots are unique except for padding tokens, which all land in the reserved null block 0.
+
+    A single-token write is padded with a second one into the null slot: XLA turns a one-element scatter
+    into a dynamic-update-slice, which XLA:CPU then performs on a copy of the cache (a batch-1 decode step
+    copied ~40% of the cache: 20 ms instead of 4 ms with a 100 MB cache).
     """
     block_size = cache.shape[1]
+    if slot_mapping.shape[0] == 1:
+        new = jnp.concatenate([new, jnp.zeros_like(new)])
+        slot_mapping = jnp.concatenate([slot_mapping, jnp.zeros_like(slot_mapping)])  # slot 0: the null slot
     return cache.at[slot_mapping // block_size, slot_mapping % block_size].set(
         new.astype(cache.dtype), unique_indices=True
     )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.batch import single_sequence_batch
+from jaxinfer.batch import bucket, single_sequence_batch
 from jaxinfer.kv_cache import allocate_kv_cache
 from jaxinfer.runner import make_step_fn
 
@@ -55,13 +55,14 @@ def test_cached_decoding_equals_full_forward(llm):
     assert [int(np.argmax(r)) for r in np.asarray(logits)[len(ids) - 1 : -1]] == out.outputs[0].token_ids
 
 
+@pytest.mark.parametrize("num_tokens", [40, 2, 1])  # a prefill chunk, two decodes, a batch-1 decode
 @pytest.mark.parametrize("num_blocks", [16, 64, 1024])
-def test_step_updates_cache_in_place(llm, num_blocks):
+def test_step_updates_cache_in_place(llm, num_blocks, num_tokens):
     cfg, params = llm.llm_engine.model_config, llm.llm_engine.runner.params
     cache = allocate_kv_cache(cfg, num_blocks, 16, jnp.float32)
     cache_bytes = sum(x.nbytes for kv in cache for x in kv)
-    batch = jax.device_put(single_sequence_batch(list(range(40)), [3, 9, 4], 16))
-    compiled = make_step_fn(cfg, "xla").lower(params, cache, batch, 64).compile()
+    batch = jax.device_put(single_sequence_batch(list(range(num_tokens)), [3, 9, 4], 16, start=40 - num_tokens))
+    compiled = make_step_fn(cfg, "xla").lower(params, cache, batch, bucket(num_tokens)).compile()
     mem = compiled.memory_analysis()
     assert mem.alias_size_in_bytes >= cache_bytes  # outputs alias the donated cache
     assert mem.temp_size_in_bytes < max(cache_bytes / 20, 1 << 20), (mem.temp_size_in_bytes, cache_bytes)
