@@ -1,11 +1,14 @@
 """Compiled executables of the ragged step, one per ``StepShape``, compiled without stalling the engine.
 
 A step whose shape has not been compiled would wait for XLA (seconds on a CPU, longer than hundreds of
-decode steps). Instead, when an already-compiled larger shape fits the step and its estimated cost is at
-most ``max_fallback_cost_ratio`` times the exact shape's, the step runs padded in that shape while the
-exact shape compiles on a background thread; the next steps of that shape use it once it is ready. Only
-a step that nothing compiled can hold waits for its compilation ("blocking"). Padding never changes the
-result of a real token, only how much work is wasted, so this is invisible in the outputs.
+decode steps). Instead, when an already-compiled larger shape fits the step:
+- if its estimated cost is within ``reuse_cost_ratio`` of the exact shape's, the step simply runs in it
+  (compiling the exact shape would cost more CPU than it could save: on a 2-core machine a compilation
+  competes with the steps themselves);
+- else if it is within ``max_fallback_cost_ratio``, the step runs padded in it while the exact shape
+  compiles on a background thread; the next steps of that shape use it once it is ready.
+Only a step that nothing compiled can hold waits for its compilation ("blocking"). Padding never changes
+the result of a real token, only how much work is wasted, so this is invisible in the outputs.
 
 Compilation is ahead of time (``jit(...).lower(abstract args).compile()``): the abstract params and cache
 are fixed at construction, and the batch is described by its shape alone.
@@ -27,7 +30,7 @@ def _abstract(tree):
 
 class StepExecutables:
     def __init__(self, step_fn, params, kv_cache, cost, *, background: bool = True,
-                 max_fallback_cost_ratio: float = 3.0):
+                 reuse_cost_ratio: float = 1.25, max_fallback_cost_ratio: float = 3.0):
         """``step_fn``: the jitted step (static ``max_q_len`` and ``num_prefill_slots``); ``cost``: a
         function StepShape -> estimated FLOPs, used to pick and bound fallbacks."""
         self._step_fn = step_fn
@@ -35,7 +38,9 @@ class StepExecutables:
         self._cache = _abstract(kv_cache)
         self._cost = cost
         self.background = background
+        self.reuse_cost_ratio = reuse_cost_ratio
         self.max_fallback_cost_ratio = max_fallback_cost_ratio
+        self._reused: dict[StepShape, StepShape] = {}  # shape -> the compiled shape it runs in for good
         self._ready: dict[StepShape, object] = {}
         self._compiling: dict[StepShape, concurrent.futures.Future] = {}
         self._lock = threading.Lock()
@@ -64,17 +69,28 @@ class StepExecutables:
             if future.done():
                 self._finish(shape, future)
 
-    def _fallback(self, need: StepShape):
-        limit = self._cost(need) * self.max_fallback_cost_ratio
+    def _cheapest_fit(self, need: StepShape, ratio: float):
+        limit = self._cost(need) * ratio
         fits = [(self._cost(s), s) for s in self._ready if s.fits(need)]
         fits = [(c, s) for c, s in fits if c <= limit]
         return min(fits)[1] if fits else None
+
+    def _fallback(self, need: StepShape):
+        return self._cheapest_fit(need, self.max_fallback_cost_ratio)
 
     def get(self, need: StepShape):
         """(the shape to pack the step in, its executable)."""
         self._harvest()
         if need in self._ready:
             return need, self._ready[need]
+        if need in self._reused:
+            shape = self._reused[need]
+            return shape, self._ready[shape]
+        if self.background and need not in self._compiling:
+            shape = self._cheapest_fit(need, self.reuse_cost_ratio)
+            if shape is not None:
+                self._reused[need] = shape
+                return shape, self._ready[shape]
         if self.background:
             if need not in self._compiling:
                 if self._pool is None:
@@ -102,4 +118,4 @@ class StepExecutables:
             compiling = len(self._compiling)
         return {"compiled": self.num_compiled, "blocking": self.num_blocking,
                 "background": self.num_compiled - self.num_blocking, "compiling": compiling,
-                "fallback_steps": self.num_fallback_steps}
+                "fallback_steps": self.num_fallback_steps, "reused_shapes": len(self._reused)}

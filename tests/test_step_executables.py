@@ -103,3 +103,14 @@ def test_stepshape_cost_grows_with_every_count():
     for bigger in (StepShape(32, 4, 4, 4, 8, 2), StepShape(16, 4, 8, 4, 8, 2), StepShape(16, 4, 4, 8, 8, 2),
                    StepShape(16, 4, 4, 4, 16, 2), StepShape(16, 8, 4, 4, 8, 2)):
         assert bigger.cost(**kw) > base.cost(**kw)
+
+
+def test_a_nearly_as_cheap_compiled_shape_is_reused_without_compiling(engine_parts):
+    cfg, params = engine_parts
+    runner = _runner(cfg, params)
+    runner.run_step([WorkItem([1, 2, 3, 4], 40, [7], 1)])  # 4 blocks per sequence
+    need = plan_shape([WorkItem([5], 3, [7], 1)], runner.max_blocks_per_seq)  # 1 block: a little cheaper
+    logits, _ = runner.run_step([WorkItem([5], 3, [7], 1)])
+    runner.executables.wait()
+    assert need not in runner.executables._ready  # not compiled: the 4-block shape serves it for good
+    assert runner.executables.stats()["reused_shapes"] == 1 and runner.executables.num_blocking == 1
