@@ -49,3 +49,15 @@ def test_grouped_xla_attention_matches_reference(q_lens, kv_extra, prefill_slots
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
+
+
+@pytest.mark.parametrize("window", [None, 11])
+@pytest.mark.parametrize("chunk_bytes", [1, 4 * 3072, 1 << 30])  # chunks of 1 block, of 4 (18 = 4+4+4+4+2), one chunk
+def test_decodes_visit_long_contexts_in_chunks_exactly(chunk_bytes, window):
+    q_lens, kv_extra = [1, 1, 1, 1], [70, 3, 0, 45]  # up to 18 blocks of 4: many chunks, some empty
+    q, k, v, tables, cu, kv = _case(7, q_lens, kv_extra, num_blocks=64)
+    got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, sm_scale=0.25, max_q_len=1, num_prefill_slots=0,
+                                     sliding_window=window, decode_chunk_bytes=chunk_bytes)
+    want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
