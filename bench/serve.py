@@ -9,7 +9,7 @@ in a server. When nothing runs or waits it sleeps until the next arrival. Decodi
 ``ignore_eos``, so every request produces exactly its output length.
 
 Before the timed run the same engine replays the same schedule (other prompt tokens) up to
-``--warmup-passes`` times, stopping after a pass that compiled nothing new: on CPU one compilation takes
+``--warmup-passes`` times, stopping after two passes in a row that compiled nothing new: on CPU one compilation takes
 seconds, longer than the effect being measured. ``num_compilations`` before and after are reported, and the
 time spent in steps that waited for a compilation ("compile stall"), so a recompile inside the timed run
 shows. (With the engine's background compilation a new shape usually runs padded in a larger compiled one
@@ -262,7 +262,7 @@ def measure(llm: LLM, build_workload: Callable[[int, str], list[TimedRequest]], 
 
     ``build_workload(token_variant, id_prefix)`` must give the same schedule and lengths for every variant
     and different tokens: variant 0 is timed; warm-up pass k replays variant k + 1 (so nothing the timed run
-    computes is in the prefix cache). Warm-up stops early after a pass that compiled nothing new.
+    computes is in the prefix cache). Warm-up stops early after two passes in a row compiled nothing new.
     """
     engine = llm.llm_engine
     before = engine.stats()["num_compilations"]
@@ -272,7 +272,7 @@ def measure(llm: LLM, build_workload: Callable[[int, str], list[TimedRequest]], 
         engine.wait_for_compilations()
         trace.num_compilations_after = engine.stats()["num_compilations"]
         passes.append(trace.num_compilations_after - trace.num_compilations_before)
-        if passes[-1] == 0:
+        if passes[-2:] == [0, 0]:  # two passes in a row compiled nothing new
             break
     stats_before = engine.stats()
     workload = build_workload(0, "req")
@@ -381,9 +381,9 @@ def add_common_arguments(p) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps; 1.0 = Poisson")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup-passes", type=int, default=3,
-                   help="replay the schedule (other tokens) up to N times before the timed run, stopping after a "
-                        "pass that compiles nothing new; 0 = no warm-up")
+    p.add_argument("--warmup-passes", type=int, default=6,
+                   help="replay the schedule (other tokens) up to N times before the timed run, stopping after two "
+                        "passes in a row that compile nothing new; 0 = no warm-up")
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--output", default=None, help="write the results as JSON here")
 

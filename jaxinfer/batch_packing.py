@@ -4,8 +4,9 @@ A work item is one sequence's contribution to a step: its block ids, the positio
 the new tokens, and how many of its trailing positions need logits (1 for a normal step, 1 + k when k
 speculative tokens are verified, 0 for a prefill chunk that does not reach the end of the prompt).
 
-``plan_shape`` rounds the step's counts up to powers of two (tokens, sequences, blocks per sequence,
-logits rows, longest query run, multi-token slots): a ``StepShape``, the key of one compiled executable.
+``plan_shape`` rounds the step's counts up (tokens, blocks per sequence, logits rows, longest query run and
+multi-token slots to powers of two; sequences to powers of two up to 8, then multiples of 8): a
+``StepShape``, the key of one compiled executable.
 ``pack`` lays the items out in any shape that fits them, so a step may also run in a larger shape that is
 already compiled (see ``jaxinfer.step_executables``).
 """
@@ -53,6 +54,11 @@ class StepShape:
                 + self.num_logits * logits_flops)
 
 
+def bucket_seqs(n: int) -> int:
+    """Padded sequence count: powers of two up to 8, then multiples of 8 (a batch of 17 runs as 24, not 32)."""
+    return bucket(n) if n <= 8 else -(-n // 8) * 8
+
+
 def plan_shape(items: list[WorkItem], max_blocks_per_seq: int, query_width: int | None = None) -> StepShape:
     """The bucketed shape of a step.
 
@@ -62,13 +68,14 @@ def plan_shape(items: list[WorkItem], max_blocks_per_seq: int, query_width: int 
     numbers of drafts do not compile new shapes.
     """
     lengths = [len(w.tokens) for w in items]
-    T = bucket(sum(lengths))
-    S = bucket(len(items))
+    S = bucket_seqs(len(items))
+    T = S if max(lengths) == 1 else bucket(sum(lengths))
     MB = min(bucket(max(len(w.block_ids) for w in items)), max_blocks_per_seq)
     max_q = min(bucket(max(lengths)), T)
     multi = sum(1 for n in lengths if n > 1)
     P = 0 if max_q == 1 else min(bucket(multi), S)
-    R = max(bucket(max(sum(w.num_logits for w in items), 1)), S)
+    num_logits = sum(w.num_logits for w in items)
+    R = S if num_logits <= S else bucket(num_logits)
     if query_width is not None and 1 < max(lengths) <= query_width:
         T = bucket(S * query_width)
         R = T if max(w.num_logits for w in items) > 1 else S

@@ -80,3 +80,12 @@ def test_packing_into_a_larger_shape_keeps_every_token_in_place():
         assert not np.asarray(getattr(b, field))[n:].any()  # padding: token 0 at position 0, null slot
     assert np.array_equal(np.asarray(a.logits_indices)[:4], np.asarray(b.logits_indices)[:4])
     assert np.array_equal(np.asarray(b.kv_lens)[:3], [6, 22, 6]) and not np.asarray(b.kv_lens)[3:].any()
+
+
+def test_large_decode_batches_round_up_to_multiples_of_eight():
+    items = [WorkItem([1 + i], 3, [7], 1) for i in range(17)]
+    sig, batch, _ = _sig(items)
+    T, S, MB, R, max_q, prefill_slots = sig
+    assert (T, S, R, max_q, prefill_slots) == (24, 24, 24, 1, 0)
+    sig5, _, _ = _sig(items[:5])
+    assert sig5[:2] == (8, 8)
