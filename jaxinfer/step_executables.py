@@ -30,7 +30,7 @@ def _abstract(tree):
 
 class StepExecutables:
     def __init__(self, step_fn, params, kv_cache, cost, *, background: bool = True,
-                 reuse_cost_ratio: float = 1.25, max_fallback_cost_ratio: float = 3.0):
+                 reuse_cost_ratio: float = 1.25, max_fallback_cost_ratio: float = 8.0):
         """``step_fn``: the jitted step (static ``max_q_len`` and ``num_prefill_slots``); ``cost``: a
         function StepShape -> estimated FLOPs, used to pick and bound fallbacks."""
         self._step_fn = step_fn
