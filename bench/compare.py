@@ -1,7 +1,8 @@
 """``jaxinfer-bench compare``: the same HF checkpoint in HF transformers (PyTorch, CPU) and in jaxinfer.
 
-Both decode greedily the same random prompts. Reported per batch size: end-to-end generate throughput,
-TPOT (HF: ``(t(N) - t(1)) / (N - 1)`` over two ``generate`` calls; jaxinfer: median engine step), the
+Both decode greedily the same random prompts. Reported per batch size: end-to-end generate throughput
+(median of ``--repeats`` calls per side; jaxinfer's prefix cache is off, as HF has none), TPOT (HF:
+``(t(N) - t(1)) / (N - 1)`` from the median ``generate`` times; jaxinfer: median engine step), the
 fraction of the memory bandwidth (measured in the same run) each achieves at its TPOT, and greedy token
 agreement. Without ``--model`` a ~150M-parameter Llama with random weights is written by transformers itself.
 HF runs first, in a separate process, so neither framework's threads compete with the other's.
@@ -10,6 +11,7 @@ HF runs first, in a separate process, so neither framework's threads compete wit
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -58,10 +60,11 @@ def _hf_worker(path: str, jobs: list, queue) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
                                                               dtype=torch.float32).eval()
     results = []
-    for prompts, n in jobs:
+    for prompts, n, repeats in jobs:
         _hf_generate(model, prompts, 2)  # warm-up
-        t1, _ = _hf_generate(model, prompts, 1)
-        tn, tokens = _hf_generate(model, prompts, n)
+        t1 = statistics.median(_hf_generate(model, prompts, 1)[0] for _ in range(repeats))
+        runs = [_hf_generate(model, prompts, n) for _ in range(repeats)]
+        tn, tokens = statistics.median(t for t, _ in runs), runs[0][1]
         results.append((t1, tn, tokens))
     queue.put((torch.__version__, transformers.__version__, torch.get_num_threads(), results))
 
@@ -85,9 +88,9 @@ def run(args) -> dict:
     n = args.output_len
     all_prompts = {b: np.random.default_rng(b).integers(0, vocab, size=(b, args.input_len)) for b in args.batch_sizes}
     torch_version, tf_version, torch_threads, hf_runs = run_hf_baseline(
-        path, [(all_prompts[b], n) for b in args.batch_sizes])
+        path, [(all_prompts[b], n, args.repeats) for b in args.batch_sizes])
     llm = LLM(model=str(path), dtype="float32", max_model_len=args.input_len + args.output_len + 16,
-              max_num_seqs=max(args.batch_sizes))
+              max_num_seqs=max(args.batch_sizes), enable_prefix_caching=False)  # HF has no prefix cache
     engine = llm.llm_engine
     cfg = engine.model_config
     bw = hardware.measure_bandwidth()
@@ -101,9 +104,12 @@ def run(args) -> dict:
         engine.wait_for_compilations()
         latency.run_batch(llm, b, args.input_len, n, seed=3)
         engine.wait_for_compilations()
-        t = time.perf_counter()
-        outs = llm.generate(reqs, sp, use_tqdm=False)
-        ours_t = time.perf_counter() - t
+        times = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            outs = llm.generate(reqs, sp, use_tqdm=False)
+            times.append(time.perf_counter() - t)
+        ours_t = statistics.median(times)
         ours_tpot = latency.run_batch(llm, b, args.input_len, n, seed=4)["tpot_s"]
         ours_tokens = np.array([o.outputs[0].token_ids for o in outs])
 
@@ -144,4 +150,5 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="timed generate calls per side; the median is reported")
     p.add_argument("--output", default=None, help="write the results as JSON here")
