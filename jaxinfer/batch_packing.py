@@ -1,4 +1,4 @@
-"""Packing host-side work into a padded StepBatch (numpy in, device arrays out).
+"""Packing host-side work into a padded StepBatch of numpy arrays.
 
 A work item is one sequence's contribution to a step: its block ids, the position of its first new token,
 the new tokens, and how many of its trailing positions need logits (1 for a normal step, 1 + k when k
@@ -84,7 +84,8 @@ def plan_shape(items: list[WorkItem], max_blocks_per_seq: int, query_width: int 
 
 
 def pack(items: list[WorkItem], block_size: int, shape: StepShape):
-    """Lay the items out in ``shape`` (which must fit them): (device StepBatch, first logits row per item).
+    """Lay the items out in ``shape`` (which must fit them): (StepBatch of numpy arrays, first logits row
+    per item).
 
     Items with more than one token are laid out first, so that the slots ``[0, num_prefill_slots)`` hold
     every multi-token item and the rest are single-token decodes (see the XLA attention path).
@@ -122,7 +123,7 @@ def pack(items: list[WorkItem], block_size: int, shape: StepShape):
     starts = [0] * len(items)
     for slot, i in enumerate(order):
         starts[i] = row_starts[slot]
-    return jax.device_put(batch), starts
+    return batch, starts  # numpy: the compiled step transfers its arguments far faster than device_put
 
 
 def abstract_batch(shape: StepShape) -> StepBatch:
