@@ -324,7 +324,10 @@ class LLMEngine:
             # proposals that prepared it (a step that was not prepared by a measured choice is ignored).
             emitted_count = sum(len(tokens) for tokens in emitted.values())
             t = time.perf_counter()
-            self.spec_controller.record_step(emitted_count, t - self._proposed_at + self._propose_seconds)
+            if self._compiling_in_background():
+                self.spec_controller.discard_step()  # a compilation shared the CPU with this step
+            else:
+                self.spec_controller.record_step(emitted_count, t - self._proposed_at + self._propose_seconds)
             self._propose()
             self._proposed_at = time.perf_counter()
             self._propose_seconds = self._proposed_at - t
@@ -422,6 +425,10 @@ class LLMEngine:
             metrics=req.metrics,
             num_cached_tokens=req.metrics.num_cached_tokens,
         )
+
+    def _compiling_in_background(self) -> bool:
+        runners = [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
+        return any(r.executables.compiling for r in runners)
 
     def wait_for_compilations(self) -> None:
         """Block until the step shapes compiling in the background are ready (benchmarks' warm-up)."""

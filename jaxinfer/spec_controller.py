@@ -6,11 +6,14 @@ device's step time grows with tokens. So the rule measures instead of modelling.
 arms, ``k = 0`` and ``k = K`` (two choices only, so speculation adds one family of compiled shapes, not
 one per k), separately for each decoding batch size (rounded up to a power of two). For every pure-decode
 step it records the arm's throughput: tokens emitted by the decoding sequences / (the step's time + the
-proposal time that prepared it). It then plays the arm with the higher median throughput over its recent
-steps. Medians keep a compile or a stray slow step from deciding. The other arm is re-tried after an
-interval that doubles every time the retry confirms the choice (up to ``max_probe_interval`` steps), so a
-rule that has settled on "off" costs almost nothing; a retry that beats the choice's median discards that
-arm's stale samples and plays it again until it can be compared afresh (the text turned copyable).
+proposal time that prepared it). It then plays the arm with the higher median
+throughput over its recent steps. Medians keep a compile or a stray slow step from deciding. Every
+``probe_interval`` steps the other arm is measured again, afresh, over ``min_samples`` steps (its old
+samples were taken under other conditions; the median discounts the first step's outlier, e.g. a draft
+model catching up on everything since it last ran). The interval doubles each time the retry confirms the
+choice (up to ``max_probe_interval`` steps), so a rule that has settled on "off" costs almost nothing,
+and resets when the retry changes it (the text turned copyable). Steps taken while a step shape compiles
+in the background are not recorded: the compilation shares the CPU with them.
 
 The controller lives as long as the engine: what it learned in one ``generate`` call carries over to the
 next, as it would in a server.
@@ -34,8 +37,9 @@ class _ArmStats:
 
     rates: dict
     probe_interval: int
+    exploring: set  # arms being measured: played until they have min_samples fresh samples
     steps_since_probe: int = 0
-    probing: bool = False
+    choice_before_retry: int | None = None  # set while the other arm is being re-measured
 
     def median(self, k: int) -> float:
         return float(np.median(self.rates[k]))
@@ -47,7 +51,7 @@ class SpecController:
         max_k: int,
         adaptive: bool = True,
         window: int = 16,
-        min_samples: int = 4,
+        min_samples: int = 3,
         first_probe_interval: int = 8,
         max_probe_interval: int = 256,
     ):
@@ -82,7 +86,7 @@ class SpecController:
     def _stats(self, key: int) -> _ArmStats:
         if key not in self._arms:
             rates = {k: collections.deque(maxlen=self.window) for k in (0, self.max_k)}
-            self._arms[key] = _ArmStats(rates, self.first_probe_interval)
+            self._arms[key] = _ArmStats(rates, self.first_probe_interval, exploring={self.max_k, 0})
         return self._arms[key]
 
     def choose_k(self, num_decoding: int, other_tokens: int = 0) -> int:
@@ -98,15 +102,27 @@ class SpecController:
         if not self.adaptive or self.max_k == 0 or num_decoding == 0:
             return self.max_k
         st = self._stats(_batch_key(num_decoding))
-        for k in (self.max_k, 0):  # explore both arms first, speculation first
-            if len(st.rates[k]) < self.min_samples:
-                return k
+        for k in (self.max_k, 0):  # measure the arms that need it first, speculation first
+            if k in st.exploring:
+                if len(st.rates[k]) < self.min_samples:
+                    return k
+                st.exploring.discard(k)
         best = self._best(st)
+        if st.choice_before_retry is not None:  # a retry just finished: did it change the choice?
+            held = best == st.choice_before_retry
+            st.probe_interval = min(2 * st.probe_interval, self.max_probe_interval) if held else self.first_probe_interval
+            st.choice_before_retry = None
         st.steps_since_probe += 1
         if st.steps_since_probe >= st.probe_interval:
+            # Re-measure the other arm afresh (its old samples were taken under other conditions:
+            # other contexts, other text); its first step may be an outlier (a draft catching up on
+            # everything since it last ran), which the median over min_samples steps discounts.
+            other = 0 if best == self.max_k else self.max_k
             st.steps_since_probe = 0
-            st.probing = True
-            return self.max_k if best == 0 else 0
+            st.choice_before_retry = best
+            st.rates[other].clear()
+            st.exploring.add(other)
+            return other
         return best
 
     def _best(self, st: _ArmStats) -> int:
@@ -120,21 +136,12 @@ class SpecController:
             return
         key, k = self._pending
         self._pending = None
-        st = self._stats(key)
-        rate = emitted_tokens / seconds
-        if not st.probing:
-            st.rates[k].append(rate)
-            return
-        st.probing = False
-        if rate > st.median(self._best(st)):
-            # The retried arm now beats the choice: its old samples are stale. Start it afresh, so that
-            # the next steps play it until it has enough recent samples to be compared again.
-            st.rates[k].clear()
-            st.rates[k].append(rate)
-            st.probe_interval = self.first_probe_interval
-        else:
-            st.rates[k].append(rate)
-            st.probe_interval = min(2 * st.probe_interval, self.max_probe_interval)
+        self._stats(key).rates[k].append(emitted_tokens / seconds)
+
+    def discard_step(self) -> None:
+        """The step prepared by the last ``choose_k`` is not representative (a compilation shared the CPU
+        with it): forget it. An arm being measured is simply played again."""
+        self._pending = None
 
     def summary(self) -> dict:
         """Per batch-size bucket: the median throughput of each arm and the current retry interval."""

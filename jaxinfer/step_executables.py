@@ -49,6 +49,11 @@ class StepExecutables:
         self.num_fallback_steps = 0
 
     @property
+    def compiling(self) -> bool:
+        """Whether a background compilation is in flight (or finished but not yet collected)."""
+        return bool(self._compiling)
+
+    @property
     def num_compiled(self) -> int:
         with self._lock:
             return len(self._ready)

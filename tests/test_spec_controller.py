@@ -38,10 +38,13 @@ def test_a_single_outlier_does_not_decide():
 
 def test_retry_interval_doubles_while_the_choice_holds():
     ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=4, max_probe_interval=32)
-    choices = _run(ctl, {0: 30.0, 4: 12.0}, 200)
-    probes = [i for i, k in enumerate(choices) if k == 4 and i >= 4]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps[:3] == [8, 16, 32] and set(gaps[3:]) == {32}
+    choices = _run(ctl, {0: 30.0, 4: 12.0}, 300)
+    retries = [i for i in range(5, len(choices)) if choices[i] == 4 and choices[i - 1] == 0]
+    assert all(choices[i + 1] == 4 and choices[i + 2] == 0 for i in retries[:-1])  # each retry: 2 steps
+    gaps = [b - a for a, b in zip(retries, retries[1:])]
+    assert gaps == sorted(gaps) and gaps[0] < gaps[-1]  # growing intervals...
+    assert gaps[-3:] == [gaps[-1]] * 3  # ...up to the cap
+    assert choices[-100:].count(4) <= 8  # settled on "off": retries cost little
 
 
 def test_a_retry_that_wins_switches_back():
@@ -76,3 +79,18 @@ def test_acceptance_bookkeeping():
     ctl.record_acceptance(2, 2)
     assert ctl.acceptance_rate == 3 / 5
     assert ctl.per_position_proposed == [2, 2, 1] and ctl.per_position_accepted == [2, 1, 0]
+
+
+def test_a_retry_replaces_the_stale_samples_of_the_arm_not_played():
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=4)
+    _run(ctl, {0: 5.0, 4: 20.0}, 6)  # arm 0 measured while something slowed it
+    _run(ctl, {0: 18.0, 4: 20.0}, 40)  # now it is nearly as fast: its retries say so
+    assert ctl.summary()[1]["median_tok_per_s"][0] == 18.0
+
+
+def test_discarded_steps_are_not_measured():
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=1000)
+    for _ in range(5):
+        ctl.choose_k(1)
+        ctl.discard_step()  # e.g. a compilation was running in the background
+    assert ctl.summary()[1]["median_tok_per_s"] == {0: None, 4: None}
