@@ -77,9 +77,9 @@ def plan_shape(items: list[WorkItem], max_blocks_per_seq: int, query_width: int 
     num_logits = sum(w.num_logits for w in items)
     R = S if num_logits <= S else bucket(num_logits)
     if query_width is not None and 1 < max(lengths) <= query_width:
-        T = bucket(S * query_width)
+        T = S * query_width  # exact, not a power of two: S already is a bucket
         R = T if max(w.num_logits for w in items) > 1 else S
-        max_q, P = bucket(query_width), S
+        max_q, P = query_width, S
     return StepShape(T, S, MB, R, max_q, P)
 
 

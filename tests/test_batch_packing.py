@@ -40,7 +40,7 @@ def test_verification_steps_share_one_shape_per_batch_size():
             assert list(rows) == list(range(cu[slot + 1] - 1 - drafts[i], cu[slot + 1]))
     assert len(sigs) == 1
     (T, S, MB, R, max_q, prefill_slots), = sigs
-    assert (T, S, R, max_q, prefill_slots) == (32, 4, 32, 8, 4)
+    assert (T, S, R, max_q, prefill_slots) == (20, 4, 20, 5, 4)
 
 
 def test_without_query_width_shapes_follow_the_tokens():
@@ -53,7 +53,7 @@ def test_catch_up_steps_ask_for_no_logits_rows_beyond_the_slots():
     items = [WorkItem([1, 2, 3, 4], 0, list(range(n)), 0) for n in (40, 13, 2)]
     sig, batch, _ = _sig(items, query_width=40)
     T, S, MB, R, max_q, prefill_slots = sig
-    assert (T, S, R, max_q) == (256, 4, 4, 64)
+    assert (T, S, R, max_q) == (160, 4, 4, 40)
 
 
 def test_fits_requires_every_count_and_room_for_multi_token_slots():
