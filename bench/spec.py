@@ -7,10 +7,12 @@ of a different source file; the continuation is new text. Both use the embedded 
 acceptance rate, mean accepted length (tokens emitted per sequence per verification step) and the
 per-position acceptance; plus whether the greedy tokens equal the non-speculative ones.
 
-Each configuration is timed on one engine after untimed passes over the same prompts (until two passes in
-a row compile nothing new, at most ``--warmup-passes``): the steady state of a server, where the adaptive rule has measured both
-arms at this batch size. Then ``--repeats`` timed passes; tok/s comes from the median pass. Compilations
-inside the timed passes are reported.
+One engine per method stays up for the whole run. Per (task, batch size) each engine first makes untimed
+passes over the prompts (until two passes in a row compile nothing new, at most ``--warmup-passes``): the
+steady state of a server, where the adaptive rule has measured both arms at this batch size. Then
+``--repeats`` rounds of one timed pass per method, interleaved (off, n-gram, draft, off, ...), so that a
+drift in the machine's speed (this CPU is shared) hits every method alike; tok/s comes from each method's
+median pass. Compilations inside the timed passes are reported.
 """
 
 from __future__ import annotations
@@ -42,50 +44,65 @@ def make_prompts(tokenizer, task: str, batch: int, passage_tokens: int) -> list[
     return prompts
 
 
-def _measure(llm: LLM, prompts, output_len: int, max_warmup_passes: int, repeats: int) -> dict:
+def _warm_up(llm: LLM, prompts, params: SamplingParams, max_passes: int) -> int:
+    """Untimed passes until two in a row compile nothing new (at most ``max_passes``); returns how many."""
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    warmup_passes = quiet_passes = 0
-    while warmup_passes < max_warmup_passes and quiet_passes < 2:  # until two passes in a row compile nothing
+    passes = quiet = 0
+    while passes < max_passes and quiet < 2:
         compiled = engine.stats()["num_compilations"]
         llm.generate(prompts, params, use_tqdm=False)
         engine.wait_for_compilations()
-        warmup_passes += 1
-        quiet_passes = quiet_passes + 1 if engine.stats()["num_compilations"] == compiled else 0
-    before = engine.stats()
-    ctl = engine.spec_controller
-    if ctl is not None:
-        ctl.per_position_proposed = [0] * ctl.max_k
-        ctl.per_position_accepted = [0] * ctl.max_k
-    steps0 = engine.num_steps
-    pass_seconds = []
-    for _ in range(repeats):
+        passes += 1
+        quiet = quiet + 1 if engine.stats()["num_compilations"] == compiled else 0
+    return passes
+
+
+class _Timing:
+    """One engine's timed passes over one prompt set, and its counters around them."""
+
+    def __init__(self, llm: LLM, warmup_passes: int):
+        self.llm, self.engine = llm, llm.llm_engine
+        self.warmup_passes = warmup_passes
+        self.before = self.engine.stats()
+        self.steps0 = self.engine.num_steps
+        ctl = self.engine.spec_controller
+        if ctl is not None:
+            ctl.per_position_proposed = [0] * ctl.max_k
+            ctl.per_position_accepted = [0] * ctl.max_k
+        self.pass_seconds: list[float] = []
+        self.outs = None
+
+    def run_pass(self, prompts, params) -> None:
         t = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        pass_seconds.append(time.perf_counter() - t)
-    elapsed = statistics.median(pass_seconds)
-    after = engine.stats()
-    drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
-    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
-    generated = sum(len(o.outputs[0].token_ids) for o in outs)
-    steps = (engine.num_steps - steps0) / repeats
-    per_pos = None
-    if ctl is not None:
-        per_pos = [a / p if p else None for a, p in zip(ctl.per_position_accepted, ctl.per_position_proposed)]
-    return {
-        "warmup_passes": warmup_passes,
-        "compilations_in_timed_run": after["num_compilations"] - before["num_compilations"],
-        "tok_per_s": generated / elapsed,
-        "seconds": elapsed,
-        "pass_seconds": pass_seconds,
-        "steps": steps,
-        "draft_tokens": drafted,
-        "accepted_tokens": accepted,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "mean_tokens_per_seq_step": generated / max(steps * len(prompts), 1),
-        "per_position_acceptance": per_pos,
-        "tokens": [o.outputs[0].token_ids for o in outs],
-    }
+        self.outs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.pass_seconds.append(time.perf_counter() - t)
+
+    def result(self) -> dict:
+        after = self.engine.stats()
+        drafted = after["num_draft_tokens"] - self.before["num_draft_tokens"]
+        accepted = after["num_accepted_tokens"] - self.before["num_accepted_tokens"]
+        repeats = len(self.pass_seconds)
+        generated = sum(len(o.outputs[0].token_ids) for o in self.outs)
+        steps = (self.engine.num_steps - self.steps0) / repeats
+        elapsed = statistics.median(self.pass_seconds)
+        ctl = self.engine.spec_controller
+        per_pos = None
+        if ctl is not None:
+            per_pos = [a / p if p else None for a, p in zip(ctl.per_position_accepted, ctl.per_position_proposed)]
+        return {
+            "warmup_passes": self.warmup_passes,
+            "compilations_in_timed_run": after["num_compilations"] - self.before["num_compilations"],
+            "tok_per_s": generated / elapsed,
+            "seconds": elapsed,
+            "pass_seconds": self.pass_seconds,
+            "steps": steps,
+            "draft_tokens": drafted,
+            "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_tokens_per_seq_step": generated / max(steps * len(self.outs), 1),
+            "per_position_acceptance": per_pos,
+            "tokens": [o.outputs[0].token_ids for o in self.outs],
+        }
 
 
 def run(args) -> dict:
@@ -97,15 +114,22 @@ def run(args) -> dict:
     if args.draft_model or DRAFT_MODEL_DIR.joinpath("config.json").is_file():
         methods["draft"] = {"method": "draft_model", "model": args.draft_model or str(DRAFT_MODEL_DIR),
                             "num_speculative_tokens": args.k, "adaptive": not args.no_adaptive}
+    engines = {method: LLM(model=args.model, max_num_seqs=max(args.batch_sizes), speculative_config=spec,
+                           max_model_len=args.passage_tokens * 2 + args.output_len + 64)
+               for method, spec in methods.items()}
+    tok = engines["off"].get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     results, rows = [], []
-    for method, spec in methods.items():
-        llm = LLM(model=args.model, max_num_seqs=max(args.batch_sizes), speculative_config=spec,
-                  max_model_len=args.passage_tokens * 2 + args.output_len + 64)
-        tok = llm.get_tokenizer()
-        for task in args.tasks:
-            for b in args.batch_sizes:
-                r = _measure(llm, make_prompts(tok, task, b, args.passage_tokens), args.output_len,
-                             args.warmup_passes, args.repeats)
+    for task in args.tasks:
+        for b in args.batch_sizes:
+            prompts = make_prompts(tok, task, b, args.passage_tokens)
+            timings = {m: _Timing(llm, _warm_up(llm, prompts, params, args.warmup_passes))
+                       for m, llm in engines.items()}
+            for _ in range(args.repeats):  # interleaved: a drift in the machine's speed hits every method
+                for timing in timings.values():
+                    timing.run_pass(prompts, params)
+            for method, timing in timings.items():
+                r = timing.result()
                 r.update(method=method, task=task, batch_size=b)
                 results.append(r)
     base = {(r["task"], r["batch_size"]): r for r in results if r["method"] == "off"}
@@ -141,7 +165,7 @@ def add_arguments(p) -> None:
     p.add_argument("--passage-tokens", type=int, default=192)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--no-adaptive", action="store_true", help="always propose k tokens")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes; tok/s is taken from the median")
+    p.add_argument("--repeats", type=int, default=5, help="timed passes per method; tok/s is taken from the median")
     p.add_argument("--warmup-passes", type=int, default=6,
                    help="most untimed passes before the timed ones; stops after two in a row compiled nothing")
     p.add_argument("--output", default=None)
