@@ -7,9 +7,7 @@ arms, ``k = 0`` and ``k = K`` (two choices only, so speculation adds one family 
 one per k), separately for each decoding batch size (rounded up to a power of two). For every pure-decode
 step it records the arm's throughput: tokens emitted by the decoding sequences / (the step's time + the
 proposal time that prepared it). It then plays the arm with the higher median
-throughput over its recent steps, speculation only if it is at least ``min_gain`` (10%) ahead: a
-per-step gain that small does not survive what per-step rates miss (with speculation, a batch's
-sequences finish unevenly and the stragglers run at a small batch). Medians keep a compile or a stray slow step from deciding. Every
+throughput over its recent steps. Medians keep a compile or a stray slow step from deciding. Every
 ``probe_interval`` steps the other arm is measured again, afresh, over ``min_samples`` steps (its old
 samples were taken under other conditions; the median discounts the first step's outlier, e.g. a draft
 model catching up on everything since it last ran). The interval doubles each time the retry confirms the
@@ -56,7 +54,6 @@ class SpecController:
         min_samples: int = 3,
         first_probe_interval: int = 8,
         max_probe_interval: int = 256,
-        min_gain: float = 1.1,
     ):
         self.max_k = max_k
         self.adaptive = adaptive
@@ -64,7 +61,6 @@ class SpecController:
         self.min_samples = min_samples
         self.first_probe_interval = first_probe_interval
         self.max_probe_interval = max_probe_interval
-        self.min_gain = min_gain
         self._arms: dict[int, _ArmStats] = {}
         self._pending: tuple[int, int] | None = None  # (batch key, k) of the step being prepared
         self.proposed = 0
@@ -130,7 +126,7 @@ class SpecController:
         return best
 
     def _best(self, st: _ArmStats) -> int:
-        return self.max_k if st.median(self.max_k) > self.min_gain * st.median(0) else 0
+        return self.max_k if st.median(self.max_k) > st.median(0) else 0
 
     # ------------------------------------------------------------- measuring
     def record_step(self, emitted_tokens: int, seconds: float) -> None:
