@@ -1,4 +1,4 @@
-"""How many tokens to speculate next step: the adaptive rule. Host side, no JAX (numpy only).
+"""How many tokens to speculate next step: the adaptive rule. Host side, no JAX.
 
 Whether speculation pays depends on things a formula gets wrong: how well the drafts guess this text,
 what the draft model costs, which compiled shape the wider verification step falls into, and how the
@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-
-import numpy as np
+import statistics
 
 
 def _batch_key(num_decoding: int) -> int:
@@ -42,7 +41,7 @@ class _ArmStats:
     choice_before_retry: int | None = None  # set while the other arm is being re-measured
 
     def median(self, k: int) -> float:
-        return float(np.median(self.rates[k]))
+        return statistics.median(self.rates[k])  # a few samples: the stdlib beats numpy's conversion
 
 
 class SpecController:
