@@ -66,7 +66,8 @@ class DraftProposer:
             else:
                 # keep every round's rows aligned with round 0's slots
                 order = [self._slot[s.seq_id] for s in members]
-                q = jnp.zeros((width, q.shape[1]), q.dtype).at[jnp.asarray(order)].set(q[: len(members)])
+                if q.shape[0] != width or order != list(range(len(members))):  # else already aligned
+                    q = jnp.zeros((width, q.shape[1]), q.dtype).at[jnp.asarray(order)].set(q[: len(members)])
                 tokens_full = np.zeros(width, np.int32)
                 tokens_full[order] = tokens[: len(members)]
                 tokens = tokens_full
