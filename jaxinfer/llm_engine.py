@@ -426,20 +426,21 @@ class LLMEngine:
             num_cached_tokens=req.metrics.num_cached_tokens,
         )
 
+    def _runners(self) -> list:
+        return [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
+
     def _compiling_in_background(self) -> bool:
-        runners = [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
-        return any(r.executables.compiling for r in runners)
+        return any(r.executables.compiling for r in self._runners())
 
     def wait_for_compilations(self) -> None:
         """Block until the step shapes compiling in the background are ready (benchmarks' warm-up)."""
-        self.runner.executables.wait()
-        if isinstance(self.proposer, DraftProposer):
-            self.draft_runner.executables.wait()
+        for r in self._runners():
+            r.executables.wait()
 
     # -------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
         bm = self.block_manager
-        runners = [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
+        runners = self._runners()
         return {
             "free_blocks": bm.num_free_blocks,
             "total_blocks": bm.num_usable_blocks,

@@ -1,7 +1,7 @@
 """The model runner: where host-side plans meet device-side arrays.
 
 It owns the params, the paged KV cache and the jitted functions. ``execute(plan)`` plans the step's shape
-(token/sequence/block counts rounded up to powers of two so that the set of compiled shapes stays small),
+(token/sequence/block counts rounded up to buckets so that the set of compiled shapes stays small),
 takes an executable for it from ``StepExecutables`` (which may hand out a larger compiled shape while the
 exact one compiles in the background), packs the plan into a padded ``StepBatch``, runs the step with the
 cache donated, samples the sequences that reached the end of their known tokens, and returns the sampled
@@ -105,7 +105,7 @@ class ModelRunner:
     def run_step(self, items: list[WorkItem], query_width: int | None = None):
         """Run the jitted step on packed work items: (logits [R, V] on device, first row of each item).
 
-        ``query_width`` overrides the runner's (see ``batch_packing.pack``)."""
+        ``query_width`` overrides the runner's (see ``batch_packing.plan_shape``)."""
         width = self.query_width if query_width is None else query_width
         shape, executable = self.executables.get(plan_shape(items, self.max_blocks_per_seq, width))
         batch, rows = pack(items, self.block_size, shape)

@@ -66,7 +66,6 @@ class SpecController:
         self.accepted = 0
         self.per_position_proposed = [0] * max_k
         self.per_position_accepted = [0] * max_k
-        self.num_choices = {0: 0, max_k: 0}
 
     # ------------------------------------------------------------ acceptance
     @property
@@ -94,7 +93,6 @@ class SpecController:
         k = self._choose(num_decoding)
         measured = self.adaptive and num_decoding > 0 and other_tokens == 0 and self.max_k > 0
         self._pending = (_batch_key(num_decoding), k) if measured else None
-        self.num_choices[k] = self.num_choices.get(k, 0) + 1
         return k
 
     def _choose(self, num_decoding: int) -> int:

@@ -17,7 +17,6 @@ are fixed at construction, and the batch is described by its shape alone.
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 
 import jax
 
@@ -29,6 +28,8 @@ def _abstract(tree):
 
 
 class StepExecutables:
+    """All state lives in the engine's thread; the background thread only runs ``_compile``."""
+
     def __init__(self, step_fn, params, kv_cache, cost, *, background: bool = True,
                  reuse_cost_ratio: float = 1.25, max_fallback_cost_ratio: float = 8.0):
         """``step_fn``: the jitted step (static ``max_q_len`` and ``num_prefill_slots``); ``cost``: a
@@ -40,10 +41,9 @@ class StepExecutables:
         self.background = background
         self.reuse_cost_ratio = reuse_cost_ratio
         self.max_fallback_cost_ratio = max_fallback_cost_ratio
-        self._reused: dict[StepShape, StepShape] = {}  # shape -> the compiled shape it runs in for good
         self._ready: dict[StepShape, object] = {}
+        self._reused: dict[StepShape, StepShape] = {}  # shape -> the compiled shape it runs in for good
         self._compiling: dict[StepShape, concurrent.futures.Future] = {}
-        self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.num_blocking = 0
         self.num_fallback_steps = 0
@@ -55,72 +55,54 @@ class StepExecutables:
 
     @property
     def num_compiled(self) -> int:
-        with self._lock:
-            return len(self._ready)
+        return len(self._ready)
 
     def _compile(self, shape: StepShape):
         lowered = self._step_fn.lower(self._params, self._cache, abstract_batch(shape),
                                       max_q_len=shape.max_q_len, num_prefill_slots=shape.num_prefill_slots)
         return lowered.compile()
 
-    def _finish(self, shape: StepShape, future: concurrent.futures.Future) -> None:
-        executable = future.result()  # a failed compile raises here, in the engine's thread
-        with self._lock:
-            self._ready[shape] = executable
-            self._compiling.pop(shape, None)
-
-    def _harvest(self) -> None:
-        for shape, future in list(self._compiling.items()):
-            if future.done():
-                self._finish(shape, future)
+    def _finish(self, shape: StepShape) -> None:
+        self._ready[shape] = self._compiling.pop(shape).result()  # a failed compile raises here
 
     def _cheapest_fit(self, need: StepShape, ratio: float):
         limit = self._cost(need) * ratio
-        fits = [(self._cost(s), s) for s in self._ready if s.fits(need)]
-        fits = [(c, s) for c, s in fits if c <= limit]
+        fits = [(c, s) for s in self._ready if s.fits(need) and (c := self._cost(s)) <= limit]
         return min(fits)[1] if fits else None
-
-    def _fallback(self, need: StepShape):
-        return self._cheapest_fit(need, self.max_fallback_cost_ratio)
 
     def get(self, need: StepShape):
         """(the shape to pack the step in, its executable)."""
-        self._harvest()
-        if need in self._ready:
-            return need, self._ready[need]
-        if need in self._reused:
-            shape = self._reused[need]
+        for shape in [s for s, f in self._compiling.items() if f.done()]:
+            self._finish(shape)
+        shape = need if need in self._ready else self._reused.get(need)
+        if shape is not None:
             return shape, self._ready[shape]
-        if self.background and need not in self._compiling:
+        if not self.background:
+            self._ready[need] = self._compile(need)
+            self.num_blocking += 1
+            return need, self._ready[need]
+        if need not in self._compiling:
             shape = self._cheapest_fit(need, self.reuse_cost_ratio)
             if shape is not None:
                 self._reused[need] = shape
                 return shape, self._ready[shape]
-        if self.background:
-            if need not in self._compiling:
-                if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxinfer-compile")
-                self._compiling[need] = self._pool.submit(self._compile, need)
-            shape = self._fallback(need)
-            if shape is not None:
-                self.num_fallback_steps += 1
-                return shape, self._ready[shape]
-            future = self._compiling[need]
-            self._finish(need, future)  # nothing compiled fits: wait for it
-            self.num_blocking += 1
-            return need, self._ready[need]
-        self._ready[need] = self._compile(need)
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxinfer-compile")
+            self._compiling[need] = self._pool.submit(self._compile, need)
+        shape = self._cheapest_fit(need, self.max_fallback_cost_ratio)
+        if shape is not None:
+            self.num_fallback_steps += 1
+            return shape, self._ready[shape]
+        self._finish(need)  # nothing compiled fits: wait for it
         self.num_blocking += 1
         return need, self._ready[need]
 
     def wait(self) -> None:
         """Block until every background compilation has finished (tests, benchmarks' warm-up)."""
-        for shape, future in list(self._compiling.items()):
-            self._finish(shape, future)
+        for shape in list(self._compiling):
+            self._finish(shape)
 
     def stats(self) -> dict:
-        with self._lock:
-            compiling = len(self._compiling)
         return {"compiled": self.num_compiled, "blocking": self.num_blocking,
-                "background": self.num_compiled - self.num_blocking, "compiling": compiling,
+                "background": self.num_compiled - self.num_blocking, "compiling": len(self._compiling),
                 "fallback_steps": self.num_fallback_steps, "reused_shapes": len(self._reused)}

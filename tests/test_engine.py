@@ -12,13 +12,9 @@ from jaxinfer import LLM, SamplingParams
 from jaxinfer.batch import bucket, single_sequence_batch
 from jaxinfer.kv_cache import allocate_kv_cache
 from jaxinfer.runner import make_step_fn
+from tests.prompts import random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-
-
-def _prompts(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    return [{"prompt_token_ids": rng.integers(0, 256, size=n).tolist()} for n in lengths]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +27,7 @@ def _tokens(outs):
 
 
 def test_batch_equals_each_alone(llm):
-    prompts = _prompts([1, 15, 16, 17, 33, 5])
+    prompts = random_prompts([1, 15, 16, 17, 33, 5])
     together = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
     alone = [_tokens(llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts]
     assert together == alone
@@ -41,7 +37,7 @@ def test_cached_decoding_equals_full_forward(llm):
     """Logits of token t from step-by-step cached decoding equal those of one forward pass over all tokens."""
     engine = llm.llm_engine
     cfg, params = engine.model_config, engine.runner.params
-    ids = _prompts([20], seed=3)[0]["prompt_token_ids"]
+    ids = random_prompts([20], seed=3)[0]["prompt_token_ids"]
     out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0.0, max_tokens=10,
                                                                   ignore_eos=True, logprobs=0), use_tqdm=False)[0]
     full = ids + out.outputs[0].token_ids
@@ -69,15 +65,15 @@ def test_step_updates_cache_in_place(llm, num_blocks, num_tokens):
 
 
 def test_no_recompiles_after_warmup(llm):
-    prompts = _prompts([3, 17, 30, 9], seed=5)
+    prompts = random_prompts([3, 17, 30, 9], seed=5)
     llm.generate(prompts, GREEDY, use_tqdm=False)
     before = llm.llm_engine.stats()["num_compilations"]
-    llm.generate(_prompts([3, 17, 30, 9], seed=6), GREEDY, use_tqdm=False)
+    llm.generate(random_prompts([3, 17, 30, 9], seed=6), GREEDY, use_tqdm=False)
     assert llm.llm_engine.stats()["num_compilations"] == before
 
 
 def test_stop_conditions(llm):
-    p = _prompts([12], seed=7)
+    p = random_prompts([12], seed=7)
     free_run = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), use_tqdm=False)[0]
     toks = free_run.outputs[0].token_ids
     assert len(toks) == 20 and free_run.outputs[0].finish_reason == "length"
@@ -100,7 +96,7 @@ def test_stop_conditions(llm):
 def test_eos_stops_generation(hf_checkpoints):
     # Make the greedy continuation's 4th token the EOS id of this engine.
     llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=64, num_kv_blocks=16, max_num_seqs=2)
-    p = _prompts([8], seed=11)
+    p = random_prompts([8], seed=11)
     toks = llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     llm.llm_engine.eos_token_ids = (toks[3],)
     llm.llm_engine.runner.eos_token_ids = (toks[3],)
@@ -111,7 +107,7 @@ def test_eos_stops_generation(hf_checkpoints):
 
 
 def test_seeded_sampling_independent_of_batch(llm):
-    p = _prompts([10, 4, 25], seed=9)
+    p = random_prompts([10, 4, 25], seed=9)
     sp = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=1234, ignore_eos=True)
     alone = llm.generate([p[0]], sp, use_tqdm=False)[0].outputs[0].token_ids
     mixed = llm.generate([p[1], p[0], p[2]], [SamplingParams(temperature=0.7, max_tokens=5), sp, GREEDY],
@@ -123,7 +119,7 @@ def test_seeded_sampling_independent_of_batch(llm):
 
 
 def test_n_samples(llm):
-    out = llm.generate(_prompts([6]), SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=5, ignore_eos=True),
+    out = llm.generate(random_prompts([6]), SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=5, ignore_eos=True),
                        use_tqdm=False)[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert all(len(c.token_ids) == 12 for c in out.outputs)
@@ -131,7 +127,7 @@ def test_n_samples(llm):
 
 
 def test_results_in_input_order_and_metrics(llm):
-    prompts = _prompts([30, 2, 17], seed=12)
+    prompts = random_prompts([30, 2, 17], seed=12)
     outs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (3, 9, 1)],
                         use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [3, 9, 1]
@@ -144,7 +140,7 @@ def test_results_in_input_order_and_metrics(llm):
 def test_abort_frees_everything(llm):
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    for i, p in enumerate(_prompts([20, 35, 8], seed=13)):
+    for i, p in enumerate(random_prompts([20, 35, 8], seed=13)):
         engine.add_request(f"abort-{i}", p, params)
     engine.step()
     engine.step()
@@ -153,7 +149,7 @@ def test_abort_frees_everything(llm):
     while engine.has_unfinished_requests():
         survivors += [o for o in engine.step() if o.finished]
     assert [o.request_id for o in survivors] == ["abort-1"]
-    alone = llm.generate([_prompts([20, 35, 8], seed=13)[1]], params, use_tqdm=False)[0]
+    alone = llm.generate([random_prompts([20, 35, 8], seed=13)[1]], params, use_tqdm=False)[0]
     assert survivors[0].outputs[0].token_ids == alone.outputs[0].token_ids
     s = engine.stats()
     assert s["free_blocks"] == s["total_blocks"]
@@ -161,7 +157,7 @@ def test_abort_frees_everything(llm):
 
 
 def test_penalties_are_wired_to_prompt_and_output_tokens(llm):
-    p = _prompts([30], seed=14)
+    p = random_prompts([30], seed=14)
     free = llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     prompt = p[0]["prompt_token_ids"]
     assert len(set(free)) < len(free) or set(free) & set(prompt), "the unpenalised run must repeat something"

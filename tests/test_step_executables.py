@@ -9,13 +9,9 @@ import pytest
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.batch_packing import StepShape, WorkItem, pack, plan_shape
 from jaxinfer.runner import ModelRunner
+from tests.prompts import random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-
-
-def _prompts(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    return [{"prompt_token_ids": rng.integers(0, 256, size=n).tolist()} for n in lengths]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +82,7 @@ def test_without_background_compilation_every_new_shape_waits(engine_parts):
 
 
 def test_greedy_tokens_identical_with_background_compilation_on_and_off(hf_checkpoints):
-    prompts = _prompts([3, 17, 40, 9, 64, 1], seed=5)
+    prompts = random_prompts([3, 17, 40, 9, 64, 1], seed=5)
     outs = {}
     for background in (False, True):
         llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64, max_num_seqs=4,
