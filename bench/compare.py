@@ -150,5 +150,5 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="timed generate calls per side; the median is reported")
+    p.add_argument("--repeats", type=report.positive_int, default=3, help="timed generate calls per side; the median is reported")
     p.add_argument("--output", default=None, help="write the results as JSON here")

@@ -165,7 +165,7 @@ def add_arguments(p) -> None:
     p.add_argument("--passage-tokens", type=int, default=192)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--no-adaptive", action="store_true", help="always propose k tokens")
-    p.add_argument("--repeats", type=int, default=5, help="timed passes per method; tok/s is taken from the median")
-    p.add_argument("--warmup-passes", type=int, default=6,
+    p.add_argument("--repeats", type=report.positive_int, default=5, help="timed passes per method; tok/s is taken from the median")
+    p.add_argument("--warmup-passes", type=report.positive_int, default=6,
                    help="most untimed passes before the timed ones; stops after two in a row compiled nothing")
     p.add_argument("--output", default=None)

@@ -112,6 +112,8 @@ def test_engine_add_request_errors(llm):
         (dict(enable_chunked_prefill=False, max_num_batched_tokens=16), ValueError, "max_num_batched_tokens"),
         (dict(batching="dynamic"), ValueError, "batching"),
         (dict(max_model_len=4096), ValueError, "max_position_embeddings"),
+        (dict(background_compilation="yes"), TypeError, "background_compilation must be True or False"),
+        (dict(enable_prefix_caching=1), TypeError, "enable_prefix_caching must be True or False"),
     ],
 )
 def test_impossible_engine_settings(hf_checkpoints, kwargs, exc, match):

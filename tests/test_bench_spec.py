@@ -1,0 +1,40 @@
+"""`jaxinfer-bench spec` on the embedded models, tiny settings: every method's greedy tokens equal the
+non-speculative ones, the rows are complete, and bad counts are refused. Structure only, no timing."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench import spec
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser()
+    spec.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_spec_bench_interleaved_run(tmp_path):
+    out = tmp_path / "spec.json"
+    args = _parse(["--batch-sizes", "1", "2", "--tasks", "copy", "--output-len", "6", "--passage-tokens", "24",
+                   "--repeats", "2", "--warmup-passes", "1", "--output", str(out)])
+    payload = spec.run(args)
+    results = payload["results"]
+    methods = {r["method"] for r in results}
+    assert {"off", "ngram"} <= methods
+    assert len(results) == len(methods) * 2  # every method at both batch sizes
+    for r in results:
+        assert r["greedy_identical"], (r["method"], r["batch_size"])
+        assert len(r["pass_seconds"]) == 2 and r["tok_per_s"] > 0
+        if r["method"] == "off":
+            assert r["draft_tokens"] == 0 and r["speedup"] == 1.0
+    assert out.is_file()
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two"])
+def test_spec_bench_refuses_bad_counts(bad, capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--repeats", bad])
+    assert "expected a positive integer" in capsys.readouterr().err
