@@ -12,6 +12,7 @@ The draft distributions q of the proposals stay on device for the rejection samp
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -100,13 +101,18 @@ class DraftProposer:
 
     def probs_for(self, owners: list[tuple], num_rows: int):
         """[num_rows, V] draft distributions for verification rows (seq, j); rows past a draft: zeros."""
-        vocab = self._q_rounds[0].shape[1]
-        stacked = jnp.stack(self._q_rounds)  # [k, S, V]
         round_idx = np.zeros(num_rows, np.int32)
         slot_idx = np.zeros(num_rows, np.int32)
         valid = np.zeros(num_rows, bool)
         for r, (seq, j) in enumerate(owners):
             if j < len(seq.spec_token_ids) and seq.seq_id in self._slot and j < len(self._q_rounds):
                 round_idx[r], slot_idx[r], valid[r] = j, self._slot[seq.seq_id], True
-        gathered = stacked[jnp.asarray(round_idx), jnp.asarray(slot_idx)]
-        return jnp.where(jnp.asarray(valid)[:, None], gathered, jnp.zeros((1, vocab), gathered.dtype))
+        return _gather_rows(tuple(self._q_rounds), round_idx, slot_idx, valid)
+
+
+@jax.jit
+def _gather_rows(q_rounds, round_idx, slot_idx, valid):
+    """Row r: ``q_rounds[round_idx[r]][slot_idx[r]]`` where ``valid[r]``, else zeros (one compiled call,
+    not a handful of eager ops per step)."""
+    gathered = jnp.stack(q_rounds)[round_idx, slot_idx]
+    return jnp.where(valid[:, None], gathered, jnp.zeros((1, gathered.shape[-1]), gathered.dtype))

@@ -11,9 +11,12 @@ throughput over its recent steps. Medians keep a compile or a stray slow step fr
 ``probe_interval`` steps the other arm is measured again, afresh, over ``min_samples`` steps (its old
 samples were taken under other conditions; the median discounts the first step's outlier, e.g. a draft
 model catching up on everything since it last ran). The interval doubles each time the retry confirms the
-choice (up to ``max_probe_interval`` steps), so a rule that has settled on "off" costs almost nothing,
-and resets when the retry changes it (the text turned copyable). Steps taken while a step shape compiles
-in the background are not recorded: the compilation shares the CPU with them.
+choice (up to ``max_probe_interval`` steps), and resets when the retry changes it (the text turned
+copyable). A retry of an arm that loses badly is expensive (a draft model catching up, then k sequential
+draft steps per step), so the interval is also kept long enough for retries to cost at most
+``retry_budget`` of the time: the time the confirming retry lost against the better arm, divided by
+``retry_budget`` x the better arm's step time, up to ``max_budget_interval`` steps. Steps taken while a
+step shape compiles in the background are not recorded: the compilation shares the CPU with them.
 
 The controller lives as long as the engine: what it learned in one ``generate`` call carries over to the
 next, as it would in a server.
@@ -35,10 +38,13 @@ class _ArmStats:
     """Recent throughputs (tokens/s) of both arms at one batch-size bucket, and the retry schedule."""
 
     rates: dict
+    seconds: dict  # recent step durations per arm
     probe_interval: int
     exploring: set  # arms being measured: played until they have min_samples fresh samples
     steps_since_probe: int = 0
     choice_before_retry: int | None = None  # set while the other arm is being re-measured
+    retry_seconds: float = 0.0  # time and tokens of the current retry's steps
+    retry_tokens: float = 0.0
 
     def median(self, k: int) -> float:
         return statistics.median(self.rates[k])  # a few samples: the stdlib beats numpy's conversion
@@ -53,6 +59,8 @@ class SpecController:
         min_samples: int = 3,
         first_probe_interval: int = 8,
         max_probe_interval: int = 256,
+        retry_budget: float = 0.02,
+        max_budget_interval: int = 4096,
     ):
         self.max_k = max_k
         self.adaptive = adaptive
@@ -60,6 +68,8 @@ class SpecController:
         self.min_samples = min_samples
         self.first_probe_interval = first_probe_interval
         self.max_probe_interval = max_probe_interval
+        self.retry_budget = retry_budget
+        self.max_budget_interval = max_budget_interval
         self._arms: dict[int, _ArmStats] = {}
         self._pending: tuple[int, int] | None = None  # (batch key, k) of the step being prepared
         self.proposed = 0
@@ -83,8 +93,10 @@ class SpecController:
     # -------------------------------------------------------------- choosing
     def _stats(self, key: int) -> _ArmStats:
         if key not in self._arms:
-            rates = {k: collections.deque(maxlen=self.window) for k in (0, self.max_k)}
-            self._arms[key] = _ArmStats(rates, self.first_probe_interval, exploring={self.max_k, 0})
+            arms = (0, self.max_k)
+            rates = {k: collections.deque(maxlen=self.window) for k in arms}
+            seconds = {k: collections.deque(maxlen=self.window) for k in arms}
+            self._arms[key] = _ArmStats(rates, seconds, self.first_probe_interval, exploring={self.max_k, 0})
         return self._arms[key]
 
     def choose_k(self, num_decoding: int, other_tokens: int = 0) -> int:
@@ -106,8 +118,10 @@ class SpecController:
                 st.exploring.discard(k)
         best = self._best(st)
         if st.choice_before_retry is not None:  # a retry just finished: did it change the choice?
-            held = best == st.choice_before_retry
-            st.probe_interval = min(2 * st.probe_interval, self.max_probe_interval) if held else self.first_probe_interval
+            if best == st.choice_before_retry:
+                st.probe_interval = max(min(2 * st.probe_interval, self.max_probe_interval), self._budget_interval(st, best))
+            else:
+                st.probe_interval = self.first_probe_interval
             st.choice_before_retry = None
         st.steps_since_probe += 1
         if st.steps_since_probe >= st.probe_interval:
@@ -117,13 +131,27 @@ class SpecController:
             other = 0 if best == self.max_k else self.max_k
             st.steps_since_probe = 0
             st.choice_before_retry = best
+            st.retry_seconds = st.retry_tokens = 0.0
             st.rates[other].clear()
+            st.seconds[other].clear()
             st.exploring.add(other)
             return other
         return best
 
     def _best(self, st: _ArmStats) -> int:
         return self.max_k if st.median(self.max_k) > st.median(0) else 0
+
+    def _budget_interval(self, st: _ArmStats, best: int) -> int:
+        """Steps between retries for the retry just finished to cost ``retry_budget`` of the time: the
+        seconds it lost (its time minus what the better arm would have taken for its tokens) over the
+        budget's share of the better arm's step time."""
+        if self.retry_budget <= 0:
+            return 0
+        lost = st.retry_seconds - st.retry_tokens / st.median(best)
+        step = statistics.median(st.seconds[best])
+        if lost <= 0 or step <= 0:
+            return 0
+        return min(int(lost / (self.retry_budget * step)), self.max_budget_interval)
 
     # ------------------------------------------------------------- measuring
     def record_step(self, emitted_tokens: int, seconds: float) -> None:
@@ -133,7 +161,12 @@ class SpecController:
             return
         key, k = self._pending
         self._pending = None
-        self._stats(key).rates[k].append(emitted_tokens / seconds)
+        st = self._stats(key)
+        st.rates[k].append(emitted_tokens / seconds)
+        st.seconds[k].append(seconds)
+        if st.choice_before_retry is not None and k != st.choice_before_retry:
+            st.retry_seconds += seconds
+            st.retry_tokens += emitted_tokens
 
     def discard_step(self) -> None:
         """The step prepared by the last ``choose_k`` is not representative (a compilation shared the CPU

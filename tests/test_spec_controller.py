@@ -37,7 +37,7 @@ def test_a_single_outlier_does_not_decide():
 
 
 def test_retry_interval_doubles_while_the_choice_holds():
-    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=4, max_probe_interval=32)
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=4, max_probe_interval=32, retry_budget=0)
     choices = _run(ctl, {0: 30.0, 4: 12.0}, 300)
     retries = [i for i in range(5, len(choices)) if choices[i] == 4 and choices[i - 1] == 0]
     assert all(choices[i + 1] == 4 and choices[i + 2] == 0 for i in retries[:-1])  # each retry: 2 steps
@@ -45,6 +45,38 @@ def test_retry_interval_doubles_while_the_choice_holds():
     assert gaps == sorted(gaps) and gaps[0] < gaps[-1]  # growing intervals...
     assert gaps[-3:] == [gaps[-1]] * 3  # ...up to the cap
     assert choices[-100:].count(4) <= 8  # settled on "off": retries cost little
+
+
+def _retry_starts(choices: list[int], best: int) -> list[int]:
+    return [i for i in range(1, len(choices)) if choices[i] != best and choices[i - 1] == best]
+
+
+def test_retries_of_a_much_slower_arm_cost_at_most_the_budget():
+    # k=4 takes 5 s per step for 2 tokens, k=0 1 s for 1 token: a 2-step retry loses 2 x (5 - 2) = 6 s.
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=4, max_probe_interval=32, retry_budget=0.05)
+    choices = []
+    for _ in range(2000):
+        k = ctl.choose_k(1)
+        choices.append(k)
+        ctl.record_step(emitted_tokens=2.0 if k else 1.0, seconds=5.0 if k else 1.0)
+    starts = _retry_starts(choices, best=0)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert gaps[-1] >= 6 / (0.05 * 1.0)  # 120 steps, beyond max_probe_interval
+    settled = choices[starts[-2]:starts[-1]]
+    lost = settled.count(4) * (5.0 - 2.0)
+    assert lost / len(settled) <= 0.05 + 1e-9
+
+
+def test_retry_budget_interval_is_capped():
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=4, max_probe_interval=16, retry_budget=0.001,
+                         max_budget_interval=50)
+    choices = []
+    for _ in range(400):
+        k = ctl.choose_k(1)
+        choices.append(k)
+        ctl.record_step(emitted_tokens=1.0, seconds=10.0 if k else 1.0)
+    starts = _retry_starts(choices, best=0)
+    assert 50 <= max(b - a for a, b in zip(starts, starts[1:])) <= 50 + 2
 
 
 def test_a_retry_that_wins_switches_back():
