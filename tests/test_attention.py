@@ -61,3 +61,15 @@ def test_decodes_visit_long_contexts_in_chunks_exactly(chunk_bytes, window):
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("q_block, k_block", [(1, 4), (4, 8), (3, 12), (16, 1 << 10)])  # ragged, skipping, one block
+def test_prefill_attention_in_blocks_is_exact(q_block, k_block, window):
+    q_lens, kv_extra = [13, 16, 1, 1], [0, 21, 5, 0]  # a fresh prompt, a chunk after a prefix, two decodes
+    q, k, v, tables, cu, kv = _case(11, q_lens, kv_extra, num_blocks=64)
+    got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, sm_scale=0.25, max_q_len=16, num_prefill_slots=2,
+                                     sliding_window=window, prefill_q_block=q_block, prefill_k_block=k_block)
+    want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
