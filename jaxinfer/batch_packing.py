@@ -4,8 +4,9 @@ A work item is one sequence's contribution to a step: its block ids, the positio
 the new tokens, and how many of its trailing positions need logits (1 for a normal step, 1 + k when k
 speculative tokens are verified, 0 for a prefill chunk that does not reach the end of the prompt).
 
-``plan_shape`` rounds the step's counts up (tokens, blocks per sequence, logits rows, longest query run and
-multi-token slots to powers of two; sequences to powers of two up to 8, then multiples of 8): a
+``plan_shape`` rounds the step's counts up (blocks per sequence, logits rows, longest query run and
+multi-token slots to powers of two; tokens to powers of two up to 256, then multiples of 256; sequences to
+powers of two up to 8, then multiples of 8): a
 ``StepShape``, the key of one compiled executable.
 ``pack`` lays the items out in any shape that fits them, so a step may also run in a larger shape that is
 already compiled (see ``jaxinfer.step_executables``).
@@ -54,6 +55,15 @@ class StepShape:
                 + self.num_logits * logits_flops)
 
 
+TOKEN_STEP = 256  # past this many tokens a step is padded to a multiple of it, not to a power of two
+
+
+def bucket_tokens(n: int) -> int:
+    """Padded token count of a multi-token step: powers of two up to 256, then multiples of 256 (a
+    1,152-token prefill step runs as 1,280 tokens, not 2,048: every projection is computed per token)."""
+    return bucket(n) if n <= TOKEN_STEP else -(-n // TOKEN_STEP) * TOKEN_STEP
+
+
 def bucket_seqs(n: int) -> int:
     """Padded sequence count: powers of two up to 8, then multiples of 8 (a batch of 17 runs as 24, not 32)."""
     return bucket(n) if n <= 8 else -(-n // 8) * 8
@@ -69,7 +79,7 @@ def plan_shape(items: list[WorkItem], max_blocks_per_seq: int, query_width: int 
     """
     lengths = [len(w.tokens) for w in items]
     S = bucket_seqs(len(items))
-    T = S if max(lengths) == 1 else bucket(sum(lengths))
+    T = S if max(lengths) == 1 else bucket_tokens(sum(lengths))
     MB = min(bucket(max(len(w.block_ids) for w in items)), max_blocks_per_seq)
     max_q = min(bucket(max(lengths)), T)
     multi = sum(1 for n in lengths if n > 1)

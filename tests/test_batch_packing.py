@@ -89,3 +89,14 @@ def test_large_decode_batches_round_up_to_multiples_of_eight():
     assert (T, S, R, max_q, prefill_slots) == (24, 24, 24, 1, 0)
     sig5, _, _ = _sig(items[:5])
     assert sig5[:2] == (8, 8)
+
+
+def test_long_prefill_steps_pad_to_multiples_of_256_tokens():
+    from jaxinfer.batch_packing import bucket_tokens
+
+    assert [bucket_tokens(n) for n in (1, 3, 200, 256, 257, 1152, 2048)] == [1, 4, 256, 256, 512, 1280, 2048]
+    items = [WorkItem(list(range(1 + 20 * i, 21 + 20 * i)), 0, [3] * 288, 1) for i in range(4)]
+    shape = plan_shape(items, 32)
+    assert shape.num_tokens == 1280 and shape.max_q_len == 512
+    batch, _ = pack(items, 16, shape)
+    assert batch.token_ids.shape == (1280,)
