@@ -73,3 +73,16 @@ def test_prefill_attention_in_blocks_is_exact(q_block, k_block, window):
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+def test_decode_chunks_past_every_context_are_skipped_exactly(window):
+    """A block table wider than any context (bucketed) and long contexts under a sliding window: chunks no
+    sequence needs are skipped, and the padding entries (block 0 holds random data here) never leak in."""
+    q_lens, kv_extra = [1, 1, 1], [30, 41, 37]
+    q, k, v, tables, cu, kv = _case(5, q_lens, kv_extra, num_blocks=64)
+    wide = jnp.pad(tables, ((0, 0), (0, 3 * tables.shape[1])))
+    got = xla_ragged_paged_attention(q, k, v, wide, cu, kv, sm_scale=0.25, max_q_len=1, num_prefill_slots=0,
+                                     sliding_window=window, decode_chunk_bytes=4 * 3 * 4 * 2 * 4 * 2)
+    want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
