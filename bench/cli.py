@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import compare, kernels, latency, prefix, serve, spec
+from bench import compare, kernels, latency, prefix, serve, serve_model, spec
 
 EXPERIMENTS = {
     "latency": latency,
@@ -15,6 +15,7 @@ EXPERIMENTS = {
     "spec": spec,
     "serve": serve,
     "prefix": prefix,
+    "serve-model": serve_model,
 }
 
 

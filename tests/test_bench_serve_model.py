@@ -1,0 +1,51 @@
+"""The serving model (``jaxinfer-bench serve-model``): the cost fit and the simulated replay, no engine."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from bench import serve
+from bench.serve_model import fit_cost, simulate
+
+
+def test_fit_recovers_a_known_cost_model():
+    rng = np.random.default_rng(0)
+    true = (2e-3, 1e-4, 3e-7, 5e-5, 0.0)  # no pair term: the fit must keep it at zero, not negative
+    samples = []
+    for _ in range(60):
+        n, ctx, pre, pairs = rng.integers(1, 32), rng.integers(0, 9000), rng.integers(0, 2048), rng.integers(0, 10**6)
+        seconds = true[0] + true[1] * n + true[2] * ctx + true[3] * pre + true[4] * pairs
+        samples.append((n, ctx, pre, pairs, seconds))
+    fit = fit_cost(samples)
+    got = [fit[k] for k in ("a_s", "b_s_per_seq", "c_s_per_context_token", "p_s_per_prefill_token", "r_s_per_prefill_pair")]
+    np.testing.assert_allclose(got, true, rtol=1e-6, atol=1e-12)
+    assert fit["median_relative_error"] < 1e-6
+
+
+def _workload(rate, n=12):
+    spec = serve.WorkloadSpec(n, rate, 1.0, (20, 60), (5, 40), seed=3)
+    return serve.make_workload(spec, vocab_size=100), spec.max_len
+
+
+def _sim(workload, max_len, batching, max_num_seqs, cost=lambda n, ctx, pre, pairs: 0.01):
+    return simulate(workload, cost, batching=batching, max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
+                    max_len=max_len, static_batch_timeout_s=0.0)
+
+
+def test_one_batch_for_everyone_is_the_same_in_both_modes():
+    workload, max_len = _workload(math.inf)
+    static, cont = (_sim(workload, max_len, mode, max_num_seqs=16) for mode in serve.MODES)
+    assert static == pytest.approx(cont)
+    # every request decodes one token per 10 ms step after one prefill step: its latency is known
+    lengths = sorted(r.output_len for r in workload)
+    assert cont["e2e_p50_s"] == pytest.approx(0.01 * (1 + np.percentile(lengths, 50) - 1))
+
+
+def test_static_batches_wait_for_their_longest_request():
+    workload, max_len = _workload(math.inf)
+    static, cont = (_sim(workload, max_len, mode, max_num_seqs=3) for mode in serve.MODES)
+    assert static["e2e_p50_s"] > cont["e2e_p50_s"]
+    assert static["output_throughput_tok_s"] < cont["output_throughput_tok_s"]
