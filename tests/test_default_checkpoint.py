@@ -45,6 +45,11 @@ PROSE_PASSAGE = (
 # Measured on the committed checkpoints with HF transformers (see checkpoints/README.md); the
 # thresholds sit below the measured values so that only a real regression trips them.
 MIN_COPY_ACCURACY = {"default": 0.8, "draft": 0.5}
+# The quality checks: the draft passes them; the default model is expected to fail until retrained longer.
+_WEAK_DEFAULT = pytest.mark.xfail(strict=False, reason=(
+    "the default model is still weak after 1200 steps on 2 CPU cores (training_summary.json: val loss 4.63, "
+    "greedy copy accuracy 0.06; HF: code loss 4.98, copy 4/163); retrain it with more steps"))
+QUALITY_MODELS = [pytest.param("default", marks=_WEAK_DEFAULT), "draft"]
 MAX_CODE_LOSS = {"default": 3.5, "draft": 4.5}
 
 
@@ -175,8 +180,7 @@ def test_hf_tokenizer_matches_the_tokenizers_file(hf_tokenizer):
     assert hf_tokenizer.eos_token == EOT
 
 
-@pytest.mark.xfail(strict=False, reason="the committed model is weak: 500/1000 training steps on 2 shared CPU cores (see training_summary.json: val loss 5.05 / 4.84, greedy copy accuracy 0.04 / 0.07); retrain with more steps")
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", QUALITY_MODELS)
 def test_hf_model_predicts_python_far_better_than_chance(hf, hf_models, hf_tokenizer, name):
     torch, _ = hf
     model, _ = hf_models[name]
@@ -196,8 +200,7 @@ def _greedy(torch, model, ids: list[int], new_tokens: int) -> list[int]:
     return out[len(ids):]
 
 
-@pytest.mark.xfail(strict=False, reason="the committed model is weak: 500/1000 training steps on 2 shared CPU cores (see training_summary.json: val loss 5.05 / 4.84, greedy copy accuracy 0.04 / 0.07); retrain with more steps")
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", QUALITY_MODELS)
 def test_hf_model_greedily_copies_a_repeated_passage(hf, hf_models, hf_tokenizer, name):
     torch, _ = hf
     model, _ = hf_models[name]
