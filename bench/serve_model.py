@@ -24,6 +24,7 @@ import math
 import time
 
 import numpy as np
+import scipy.optimize
 
 from bench import hardware, report, serve
 from jaxinfer import LLM, SamplingParams
@@ -87,22 +88,11 @@ def fit_cost(samples) -> dict:
     fast decode steps count as much as the slow prefill ones (a relative-error fit)."""
     x = np.array([[1.0, *sample[:4]] for sample in samples])
     y = np.array([sample[4] for sample in samples])
-    coef = _nnls(x / y[:, None], np.ones_like(y))
+    coef, _ = scipy.optimize.nnls(x / y[:, None], np.ones_like(y))
     rel = np.abs(x @ coef - y) / y
     return {"a_s": coef[0], "b_s_per_seq": coef[1], "c_s_per_context_token": coef[2],
             "p_s_per_prefill_token": coef[3], "r_s_per_prefill_pair": coef[4],
             "median_relative_error": float(np.median(rel)), "num_samples": len(samples)}
-
-
-def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative coefficients (active set: drop the most negative, refit)."""
-    active = list(range(x.shape[1]))
-    while True:
-        coef = np.zeros(x.shape[1])
-        coef[active], *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        if coef.min() >= 0:
-            return coef
-        active.remove(int(np.argmin(coef)))
 
 
 # ------------------------------------------------------------------------------------------ simulating

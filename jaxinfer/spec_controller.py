@@ -145,11 +145,11 @@ class SpecController:
         """Steps between retries for the retry just finished to cost ``retry_budget`` of the time: the
         seconds it lost (its time minus what the better arm would have taken for its tokens) over the
         budget's share of the better arm's step time."""
-        if self.retry_budget <= 0:
+        best_rate, step = st.median(best), statistics.median(st.seconds[best])
+        if self.retry_budget <= 0 or best_rate <= 0 or step <= 0:
             return 0
-        lost = st.retry_seconds - st.retry_tokens / st.median(best)
-        step = statistics.median(st.seconds[best])
-        if lost <= 0 or step <= 0:
+        lost = st.retry_seconds - st.retry_tokens / best_rate
+        if lost <= 0:
             return 0
         return min(int(lost / (self.retry_budget * step)), self.max_budget_interval)
 

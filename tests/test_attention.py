@@ -75,14 +75,43 @@ def test_prefill_attention_in_blocks_is_exact(q_block, k_block, window):
     assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
 
 
+def _poison(k, v, tables, skipped):
+    """K/V where a spare block is NaN and block-table entries ``skipped`` [S, MB] point at it: a computed
+    block with NaN values poisons the output (0 x NaN = NaN), so a finite, correct output proves those
+    blocks were skipped, not merely masked."""
+    spare = sorted(set(range(1, k.shape[0])) - set(np.asarray(tables).ravel().tolist()))[0]
+    nan = jnp.full(k.shape[1:], jnp.nan, k.dtype)
+    return k.at[spare].set(nan), v.at[spare].set(nan), jnp.where(jnp.asarray(skipped), spare, tables)
+
+
 @pytest.mark.parametrize("window", [None, 9])
-def test_decode_chunks_past_every_context_are_skipped_exactly(window):
-    """A block table wider than any context (bucketed) and long contexts under a sliding window: chunks no
-    sequence needs are skipped, and the padding entries (block 0 holds random data here) never leak in."""
-    q_lens, kv_extra = [1, 1, 1], [30, 41, 37]
-    q, k, v, tables, cu, kv = _case(5, q_lens, kv_extra, num_blocks=64)
-    wide = jnp.pad(tables, ((0, 0), (0, 3 * tables.shape[1])))
-    got = xla_ragged_paged_attention(q, k, v, wide, cu, kv, sm_scale=0.25, max_q_len=1, num_prefill_slots=0,
-                                     sliding_window=window, decode_chunk_bytes=4 * 3 * 4 * 2 * 4 * 2)
+def test_decode_chunks_no_sequence_needs_are_skipped(window):
+    """A block table wider than any context (bucketed), and with a sliding window the blocks before every
+    sequence's window: those chunks are never computed."""
+    q_lens, kv_extra = [1, 1, 1], [30, 41, 37]  # kv_lens 31, 42, 38: 8, 11, 10 blocks of 4
+    q, k, v, tables, cu, kv = _case(5, q_lens, kv_extra, num_blocks=64, pad_seqs=0)
+    wide = jnp.pad(tables, ((0, 0), (0, 5)))
+    block_start = 4 * np.arange(wide.shape[1])[None, :]
+    skipped = np.broadcast_to(block_start >= 4 * tables.shape[1], wide.shape)
+    if window is not None:  # keys before 31 - 9 + 1 = 23 are outside every window: blocks 0-4
+        skipped = skipped | (block_start + 4 <= 23)
+    k2, v2, wide = _poison(k, v, wide, skipped)
+    one_block = 3 * 4 * 2 * 16 * 4  # bytes of one gathered block column: chunks of one block
+    got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, sm_scale=0.25, max_q_len=1, num_prefill_slots=0,
+                                     sliding_window=window, decode_chunk_bytes=one_block)
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("q_block, k_block", [(4, 8), (16, 4)])
+def test_prefill_key_blocks_past_every_query_are_skipped(q_block, k_block):
+    q_lens, kv_extra = [13, 16, 1], [0, 21, 5]
+    q, k, v, tables, cu, kv = _case(11, q_lens, kv_extra, num_blocks=64, pad_seqs=0)  # 10 blocks of 4
+    wide = jnp.pad(tables, ((0, 0), (0, 6)))  # keys 40..63: past every query
+    skipped = np.broadcast_to(np.arange(wide.shape[1])[None, :] >= tables.shape[1], wide.shape)
+    k2, v2, wide = _poison(k, v, wide, skipped)
+    got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, sm_scale=0.25, max_q_len=16, num_prefill_slots=2,
+                                     prefill_q_block=q_block, prefill_k_block=k_block,
+                                     decode_chunk_bytes=4 * 2 * 16 * 4)  # the decode slot: one-block chunks
+    want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)

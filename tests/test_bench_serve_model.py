@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -9,6 +10,50 @@ import pytest
 
 from bench import serve
 from bench.serve_model import fit_cost, simulate
+
+
+def test_fit_is_the_best_non_negative_fit():
+    """Where plain least squares wants a negative coefficient, the fit equals the best fit over every subset
+    of non-negative coefficients (brute force: the independent oracle)."""
+    rng = np.random.default_rng(1)
+    samples = []
+    for _ in range(40):
+        n, ctx, pre, pairs = rng.integers(1, 32), rng.integers(0, 9000), rng.integers(0, 2048), rng.integers(0, 10**6)
+        seconds = 5e-3 + 2e-4 * n + 1e-6 * ctx - 1e-6 * pre + 1e-9 * pairs  # pre's true effect is negative
+        samples.append((n, ctx, pre, pairs, seconds * rng.uniform(0.95, 1.05)))
+    x = np.array([[1.0, *smp[:4]] for smp in samples])
+    y = np.array([smp[4] for smp in samples])
+    a, b = x / y[:, None], np.ones_like(y)
+    assert np.linalg.lstsq(a, b, rcond=None)[0].min() < 0  # the constraint binds
+    best = np.inf
+    for mask in itertools.product([False, True], repeat=5):
+        cols = [i for i in range(5) if mask[i]]
+        coef = np.zeros(5)
+        if cols:
+            coef[cols] = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+        if coef.min() >= 0:
+            best = min(best, float(np.sum((a @ coef - b) ** 2)))
+    fit = fit_cost(samples)
+    got = np.array([fit[k] for k in ("a_s", "b_s_per_seq", "c_s_per_context_token", "p_s_per_prefill_token",
+                                     "r_s_per_prefill_pair")])
+    assert got.min() >= 0
+    assert float(np.sum((a @ got - b) ** 2)) == pytest.approx(best, rel=1e-6)
+
+
+def test_simulated_steps_are_costed_by_what_they_hold():
+    """One request (3-token prompt, 3 output tokens): a prefill step of 3 tokens (1 + 2 + 3 = 6 query-key
+    pairs), then two decodes attending to 4 and 5 keys."""
+    workload = [serve.TimedRequest("r", 0.0, (5, 6, 7), 3)]
+    steps = []
+
+    def cost(n, ctx, pre, pairs):
+        steps.append((n, ctx, pre, pairs))
+        return 1.0
+
+    out = simulate(workload, cost, batching="continuous", max_num_seqs=4, max_num_batched_tokens=64, max_len=8,
+                   static_batch_timeout_s=0.0)
+    assert steps == [(1, 0, 3, 6), (1, 4, 0, 0), (1, 5, 0, 0)]
+    assert out["e2e_p50_s"] == 3.0 and out["output_throughput_tok_s"] == 1.0
 
 
 def test_fit_recovers_a_known_cost_model():

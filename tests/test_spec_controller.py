@@ -126,3 +126,10 @@ def test_discarded_steps_are_not_measured():
         ctl.choose_k(1)
         ctl.discard_step()  # e.g. a compilation was running in the background
     assert ctl.summary()[1]["median_tok_per_s"] == {0: None, 4: None}
+
+
+def test_steps_that_emit_nothing_do_not_break_the_retry_budget():
+    # e.g. every decoding sequence was aborted between choose_k and the step: both arms measure 0 tok/s
+    ctl = SpecController(max_k=4, min_samples=2, first_probe_interval=2)
+    choices = _run(ctl, {0: 0.0, 4: 0.0}, 50)
+    assert set(choices) == {0, 4}  # still alternating retries, no ZeroDivisionError
