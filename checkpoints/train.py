@@ -15,7 +15,7 @@ two auxiliary terms steer it (``attention_supervision``): a previous-token head 
 told where to attend, and next-token positions that continue an earlier match weigh more. The first
 ``copy_warmup_steps`` (150) train on repeated random token strings only; afterwards a quarter of the rows
 stay such strings, so the copy circuit keeps a clean training signal while the rest learns Python. The
-default model takes 1200 steps (~20 minutes on 2 CPU cores), the draft 1800 (~10 minutes). At the end the
+default model takes 3000 steps (~45 minutes on 2 CPU cores), the draft 1800 (~7 minutes). At the end the
 script reports the validation loss and how accurately the model, decoding greedily, copies a passage it
 has just seen.
 """
@@ -75,7 +75,7 @@ SPECS = {
         model=TinyLlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=768,
                               num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
                               max_position_embeddings=MAX_POSITIONS),
-        steps=1200, peak_lr=2e-3, batch_size=8, seq_len=256,
+        steps=3000, peak_lr=2e-3, batch_size=8, seq_len=256,
         induction_heads=((1, 0), (1, 2), (1, 4))),
     "draft": TrainSpec(
         model=TinyLlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=384,
