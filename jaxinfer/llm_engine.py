@@ -109,6 +109,7 @@ class LLMEngine:
         self.num_accepted_tokens = 0
         self._propose_seconds = 0.0  # host + draft time spent preparing the next step's proposals
         self._proposed_at = 0.0  # when they were ready: the step they prepared runs from then on
+        self._compiles_before_proposal = 0  # blocking compilations before the proposals of the next step
         self.proposer = None
         self.spec_controller = None
         if sc is None:
@@ -324,10 +325,13 @@ class LLMEngine:
             # proposals that prepared it (a step that was not prepared by a measured choice is ignored).
             emitted_count = sum(len(tokens) for tokens in emitted.values())
             t = time.perf_counter()
-            if self._compiling_in_background():
-                self.spec_controller.discard_step()  # a compilation shared the CPU with this step
+            compiled = self._num_blocking_compilations() != self._compiles_before_proposal
+            if compiled or self._compiling_in_background():
+                # the cycle waited for a compilation (its proposals or its step), or one shared the CPU with it
+                self.spec_controller.discard_step()
             else:
                 self.spec_controller.record_step(emitted_count, t - self._proposed_at + self._propose_seconds)
+            self._compiles_before_proposal = self._num_blocking_compilations()
             self._propose()
             self._proposed_at = time.perf_counter()
             self._propose_seconds = self._proposed_at - t
@@ -428,6 +432,9 @@ class LLMEngine:
 
     def _runners(self) -> list:
         return [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
+
+    def _num_blocking_compilations(self) -> int:
+        return sum(r.num_blocking_compilations for r in self._runners())
 
     def _compiling_in_background(self) -> bool:
         return any(r.executables.compiling for r in self._runners())
