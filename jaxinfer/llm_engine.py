@@ -325,13 +325,13 @@ class LLMEngine:
             # proposals that prepared it (a step that was not prepared by a measured choice is ignored).
             emitted_count = sum(len(tokens) for tokens in emitted.values())
             t = time.perf_counter()
-            compiled = self._num_blocking_compilations() != self._compiles_before_proposal
-            if compiled or self._compiling_in_background():
+            compiles = self._num_blocking_compilations()
+            if compiles != self._compiles_before_proposal or self._compiling_in_background():
                 # the cycle waited for a compilation (its proposals or its step), or one shared the CPU with it
                 self.spec_controller.discard_step()
             else:
                 self.spec_controller.record_step(emitted_count, t - self._proposed_at + self._propose_seconds)
-            self._compiles_before_proposal = self._num_blocking_compilations()
+            self._compiles_before_proposal = compiles
             self._propose()
             self._proposed_at = time.perf_counter()
             self._propose_seconds = self._proposed_at - t

@@ -15,8 +15,9 @@ choice (up to ``max_probe_interval`` steps), and resets when the retry changes i
 copyable). A retry of an arm that loses badly is expensive (a draft model catching up, then k sequential
 draft steps per step), so the interval is also kept long enough for retries to cost at most
 ``retry_budget`` of the time: the time the confirming retry lost against the better arm, divided by
-``retry_budget`` x the better arm's step time, up to ``max_budget_interval`` steps. Steps taken while a
-step shape compiles in the background are not recorded: the compilation shares the CPU with them.
+``retry_budget`` x the better arm's step time, up to ``max_budget_interval`` steps. The engine does not
+record step cycles that waited for a compilation or ran while one compiled in the background
+(``discard_step``).
 
 The controller lives as long as the engine: what it learned in one ``generate`` call carries over to the
 next, as it would in a server.
