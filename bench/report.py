@@ -34,6 +34,17 @@ def write_json(path: str | None, payload: dict) -> None:
     print(f"wrote {p}")
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0 (``inf`` allowed, e.g. an arrival rate), with a clear message otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1 (a count of repeats or passes), with a clear message otherwise."""
     try:

@@ -188,4 +188,4 @@ def run(args) -> dict:
 
 def add_arguments(p) -> None:
     serve.add_arguments(p)
-    p.add_argument("--rates", type=float, nargs="+", default=[2.0, 4.0, 8.0, 16.0], help="arrival rates to model (used instead of --rate)")
+    p.add_argument("--rates", type=report.positive_float, nargs="+", default=[2.0, 4.0, 8.0, 16.0], help="arrival rates to model (used instead of --rate)")

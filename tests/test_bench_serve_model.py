@@ -94,3 +94,13 @@ def test_static_batches_wait_for_their_longest_request():
     static, cont = (_sim(workload, max_len, mode, max_num_seqs=3) for mode in serve.MODES)
     assert static["e2e_p50_s"] > cont["e2e_p50_s"]
     assert static["output_throughput_tok_s"] < cont["output_throughput_tok_s"]
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "nan", "fast"])
+def test_bad_rates_are_refused_before_anything_runs(bad, capsys):
+    from bench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve-model", "--rates", "4", bad])
+    assert exit_info.value.code == 2
+    assert "expected a positive number" in capsys.readouterr().err
