@@ -15,9 +15,16 @@ two auxiliary terms steer it (``attention_supervision``): a previous-token head 
 told where to attend, and next-token positions that continue an earlier match weigh more. The first
 ``copy_warmup_steps`` (150) train on repeated random token strings only; afterwards a quarter of the rows
 stay such strings, so the copy circuit keeps a clean training signal while the rest learns Python. The
-default model takes 3000 steps (~45 minutes on 2 CPU cores), the draft 1800 (~7 minutes). At the end the
+default model trains two cycles of 3000 steps (~45 minutes each on 2 CPU cores; the second restarts
+AdamW at a quarter of the peak learning rate), the draft one cycle of 1800 (~7 minutes). At the end the
 script reports the validation loss and how accurately the model, decoding greedily, copies a passage it
 has just seen.
+
+``--resume`` continues from the checkpoint in ``--out`` after its finished cycles (same recipe and seed,
+checked); the data stream is replayed, so the result is bit-identical to an uninterrupted run:
+
+    .venv/bin/python checkpoints/train.py --model default --set cycles=1 --out checkpoints   # cycle 1
+    .venv/bin/python checkpoints/train.py --model default --resume --out checkpoints         # cycle 2
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from safetensors.numpy import save_file
 
 import stdlib_corpus as corpus
 from attention_supervision import induction_loss, induction_targets, previous_token_loss
-from tiny_llama import TinyLlamaConfig, forward, forward_with_attention, init_params
+from tiny_llama import TinyLlamaConfig, forward, forward_with_attention, init_params, param_shapes
 
 VOCAB_SIZE = 4096
 MAX_POSITIONS = 1024
@@ -68,6 +75,11 @@ class TrainSpec:
     induction_max_match: int = 3
     attention_loss_weight: float = 0.5
     copy_token_weight: float = 3.0  # next-token loss weight where the context continues an earlier match
+    # Training runs ``cycles`` cycles of ``steps`` steps; each starts a fresh AdamW (new warmup and cosine
+    # decay, peak ``peak_lr * restart_lr_ratio`` after the first) from the previous cycle's weights, so a
+    # run can be resumed exactly from a saved checkpoint at a cycle boundary (``--resume``).
+    cycles: int = 1
+    restart_lr_ratio: float = 0.25
 
 
 SPECS = {
@@ -75,7 +87,7 @@ SPECS = {
         model=TinyLlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=768,
                               num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
                               max_position_embeddings=MAX_POSITIONS),
-        steps=3000, peak_lr=2e-3, batch_size=8, seq_len=256,
+        steps=3000, cycles=2, peak_lr=2e-3, batch_size=8, seq_len=256,
         induction_heads=((1, 0), (1, 2), (1, 4))),
     "draft": TrainSpec(
         model=TinyLlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=384,
@@ -115,11 +127,13 @@ def training_loss(params, spec: TrainSpec, batch_BT1: jax.Array):
     return weighted_lm + spec.attention_loss_weight * steer, (jnp.mean(losses_BT), steer)
 
 
-def make_optimizer(spec: TrainSpec, steps: int) -> optax.GradientTransformation:
+def make_optimizer(spec: TrainSpec, steps: int, cycle: int = 0) -> optax.GradientTransformation:
+    """AdamW with a linear warmup and cosine decay over one cycle of ``steps`` steps."""
     warmup = min(spec.warmup_steps, max(1, steps // 10))
+    peak = spec.peak_lr * (spec.restart_lr_ratio if cycle else 1.0)
     schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=spec.peak_lr, warmup_steps=warmup,
-        decay_steps=steps, end_value=spec.peak_lr * spec.min_lr_ratio)
+        init_value=0.0, peak_value=peak, warmup_steps=warmup,
+        decay_steps=steps, end_value=peak * spec.min_lr_ratio)
     decay_mask = lambda params: {k: v.ndim >= 2 for k, v in params.items()}  # no decay on norms
     return optax.chain(
         optax.clip_by_global_norm(1.0),
@@ -189,40 +203,53 @@ def save_checkpoint(out_dir: Path, params, cfg: TinyLlamaConfig, tok, eot: int, 
     (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def train_one(name: str, spec: TrainSpec, steps: int, data: dict, out_dir: Path, seed: int) -> dict:
-    """Train one model from scratch, evaluate it, save it under ``out_dir / name``; returns its summary."""
+def train_one(name: str, spec: TrainSpec, steps: int, data: dict, out_dir: Path, seed: int,
+              resume: bool = False) -> dict:
+    """Train one model, evaluate it, save it under ``out_dir / name``; returns its summary.
+
+    ``resume`` starts from the checkpoint already in ``out_dir / name`` if it holds completed cycles of this
+    very recipe: the data stream is replayed up to that point, so the result equals an uninterrupted run.
+    """
     cfg = spec.model
     rng = np.random.default_rng(seed)
     params = init_params(cfg, jax.random.PRNGKey(seed))
     n_params = sum(int(np.prod(v.shape)) for v in params.values())
-    optimizer = make_optimizer(spec, steps)
-    opt_state = optimizer.init(params)
-    train_step = make_train_step(spec, optimizer)
-    print(f"[{name}] {n_params:,} parameters, {steps} steps of {spec.batch_size}x{spec.seq_len} tokens")
+    done_cycles, earlier_seconds = 0, 0.0
+    if resume:
+        params, done_cycles, earlier_seconds = load_for_resume(out_dir / name, spec, steps, seed, data)
+        for step in range(1, done_cycles * steps + 1):
+            sample_batch(data["train"], spec, step, rng)  # the batches the finished cycles consumed
+    print(f"[{name}] {n_params:,} parameters, {spec.cycles} cycle(s) of {steps} steps of "
+          f"{spec.batch_size}x{spec.seq_len} tokens" + (f", resuming after cycle {done_cycles}" if resume else ""))
 
     probe = copy_passages(data["val"], 8, 64, data["eot"], np.random.default_rng(99))
     start = time.perf_counter()
-    recent, recent_steer = [], []
-    for step in range(1, steps + 1):
-        batch = sample_batch(data["train"], spec, step, rng)
-        params, opt_state, loss, steer = train_step(params, opt_state, jnp.asarray(batch))
-        recent.append(loss)
-        recent_steer.append(steer)
-        if step % 50 == 0 or step == steps:
-            train_loss = float(np.mean([float(x) for x in recent]))
-            attention_loss = float(np.mean([float(x) for x in recent_steer]))
-            recent, recent_steer = [], []
-            print(f"[{name}] step {step:5d}  train loss {train_loss:.4f}  attention loss {attention_loss:.3f}  "
-                  f"copy acc (teacher-forced) {teacher_forced_copy_accuracy(params, cfg, probe):.3f}  "
-                  f"{time.perf_counter() - start:7.1f}s", flush=True)
-    train_seconds = time.perf_counter() - start
+    for cycle in range(done_cycles, spec.cycles):
+        optimizer = make_optimizer(spec, steps, cycle)
+        opt_state = optimizer.init(params)
+        train_step = make_train_step(spec, optimizer)
+        recent, recent_steer = [], []
+        for step in range(cycle * steps + 1, (cycle + 1) * steps + 1):
+            batch = sample_batch(data["train"], spec, step, rng)
+            params, opt_state, loss, steer = train_step(params, opt_state, jnp.asarray(batch))
+            recent.append(loss)
+            recent_steer.append(steer)
+            if step % 50 == 0 or step == (cycle + 1) * steps:
+                train_loss = float(np.mean([float(x) for x in recent]))
+                attention_loss = float(np.mean([float(x) for x in recent_steer]))
+                recent, recent_steer = [], []
+                print(f"[{name}] step {step:5d}  train loss {train_loss:.4f}  attention loss {attention_loss:.3f}  "
+                      f"copy acc (teacher-forced) {teacher_forced_copy_accuracy(params, cfg, probe):.3f}  "
+                      f"{time.perf_counter() - start:7.1f}s", flush=True)
+    train_seconds = earlier_seconds + time.perf_counter() - start
 
     summary = {
         "model": name,
         "parameters": n_params,
-        "steps": steps,
-        "tokens_seen": steps * spec.batch_size * spec.seq_len,
+        "steps": steps * spec.cycles,
+        "tokens_seen": steps * spec.cycles * spec.batch_size * spec.seq_len,
         "train_wall_seconds": round(train_seconds, 1),
+        "resumed_after_cycle": done_cycles if resume else None,
         "final_train_loss": train_loss,
         "final_attention_loss": attention_loss,
         **evaluate(params, spec, data),
@@ -236,6 +263,33 @@ def train_one(name: str, spec: TrainSpec, steps: int, data: dict, out_dir: Path,
           f"greedy copy accuracy {summary['greedy_copy_accuracy']:.3f}  wall {train_seconds:.0f}s  "
           f"-> {out_dir / name}")
     return summary
+
+
+_CYCLE_FIELDS = ("steps", "cycles", "restart_lr_ratio")  # may differ between a saved run and its resumption
+
+
+def load_for_resume(model_dir: Path, spec: TrainSpec, steps: int, seed: int, data: dict):
+    """The saved weights, the number of finished cycles and their wall seconds; refuses any mismatch."""
+    from safetensors.numpy import load_file
+
+    saved = json.loads((model_dir / "training_summary.json").read_text())
+    wanted = {k: v for k, v in dataclasses.asdict(spec).items() if k != "model" and k not in _CYCLE_FIELDS}
+    had = {k: saved["spec"].get(k) for k in wanted}
+    if json.loads(json.dumps(wanted)) != had or saved["seed"] != seed:
+        raise SystemExit(f"--resume: {model_dir} was trained with another recipe or seed")
+    done_cycles, rest = divmod(saved["steps"], steps)
+    if rest or not 0 < done_cycles < spec.cycles:
+        raise SystemExit(f"--resume: {model_dir} holds {saved['steps']} steps, not 1..{spec.cycles - 1} "
+                         f"cycles of {steps}")
+    saved_vocab = json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    if saved_vocab != data["tokenizer"].get_vocab():
+        raise SystemExit(f"--resume: {model_dir}'s tokenizer differs from the one trained now")
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    expected = param_shapes(spec.model)
+    if {k: v.shape for k, v in tensors.items()} != {k: tuple(v) for k, v in expected.items()}:
+        raise SystemExit(f"--resume: {model_dir}'s tensors do not match the model's shapes")
+    params = {k: jnp.asarray(v) for k, v in tensors.items()}
+    return params, done_cycles, float(saved["train_wall_seconds"])
 
 
 def evaluate(params, spec: TrainSpec, data: dict) -> dict:
@@ -293,6 +347,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override any TrainSpec field, VALUE a Python literal (experiments)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the finished cycles of the checkpoint already in --out")
     args = parser.parse_args()
 
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -315,7 +371,7 @@ def main() -> None:
         for item in args.set:
             field, value = item.split("=", 1)
             spec = dataclasses.replace(spec, **{field: ast.literal_eval(value)})
-        train_one(name, spec, args.steps or spec.steps, data, args.out, args.seed)
+        train_one(name, spec, args.steps or spec.steps, data, args.out, args.seed, args.resume)
 
 
 if __name__ == "__main__":

@@ -47,8 +47,8 @@ PROSE_PASSAGE = (
 MIN_COPY_ACCURACY = {"default": 0.8, "draft": 0.5}
 # The quality checks: the draft passes them; the default model is expected to fail until retrained longer.
 _WEAK_DEFAULT = pytest.mark.xfail(strict=False, reason=(
-    "the default model is still short of these bars after 3000 steps on 2 CPU cores (training_summary.json: "
-    "val loss 3.95, greedy copy accuracy 0.35; HF: code loss 4.02 > 3.5, copy 101/163 < 0.8)"))
+    "the default model is still short of these bars after 6000 steps on 2 CPU cores (training_summary.json: "
+    "val loss 3.72, teacher-forced copy 0.91; HF: code loss 3.63 > 3.5, copy 110/163 < 0.8)"))
 QUALITY_MODELS = [pytest.param("default", marks=_WEAK_DEFAULT), "draft"]
 MAX_CODE_LOSS = {"default": 3.5, "draft": 4.5}
 
