@@ -8,8 +8,11 @@ acceptance rate, mean accepted length (tokens emitted per sequence per verificat
 per-position acceptance; plus whether the greedy tokens equal the non-speculative ones.
 
 One engine per method stays up for the whole run. Per (task, batch size) each engine first makes untimed
-passes over the prompts (until two passes in a row compile nothing new, at most ``--warmup-passes``): the
-steady state of a server, where the adaptive rule has measured both arms at this batch size. Then
+passes over the prompts until two passes in a row compile nothing new and leave the adaptive rule's
+choice (per batch-size bucket) unchanged, at most ``--warmup-passes``: the steady state of a server, where
+the rule has measured both arms at this batch size and settled. (Early passes mislead it: their steps run
+next to background compilations and first touches of the KV pool, and one arm may be measured only then.)
+Then
 ``--repeats`` rounds of one timed pass per method, interleaved (off, n-gram, draft, off, ...), so that a
 drift in the machine's speed (this CPU is shared) hits every method alike; tok/s comes from each method's
 median pass. Compilations inside the timed passes are reported.
@@ -44,16 +47,23 @@ def make_prompts(tokenizer, task: str, batch: int, passage_tokens: int) -> list[
     return prompts
 
 
+def _settled_state(engine):
+    """What must stop changing before timing: the compiled-shape count and the adaptive rule's choices."""
+    ctl = engine.spec_controller
+    return engine.stats()["num_compilations"], (ctl.choices() if ctl is not None else None)
+
+
 def _warm_up(llm: LLM, prompts, params: SamplingParams, max_passes: int) -> int:
-    """Untimed passes until two in a row compile nothing new (at most ``max_passes``); returns how many."""
+    """Untimed passes until two in a row change neither the compiled shapes nor the adaptive rule's
+    choices (at most ``max_passes``); returns how many."""
     engine = llm.llm_engine
     passes = quiet = 0
     while passes < max_passes and quiet < 2:
-        compiled = engine.stats()["num_compilations"]
+        before = _settled_state(engine)
         llm.generate(prompts, params, use_tqdm=False)
         engine.wait_for_compilations()
         passes += 1
-        quiet = quiet + 1 if engine.stats()["num_compilations"] == compiled else 0
+        quiet = quiet + 1 if _settled_state(engine) == before else 0
     return passes
 
 
@@ -166,6 +176,7 @@ def add_arguments(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--no-adaptive", action="store_true", help="always propose k tokens")
     p.add_argument("--repeats", type=report.positive_int, default=5, help="timed passes per method; tok/s is taken from the median")
-    p.add_argument("--warmup-passes", type=report.positive_int, default=6,
-                   help="most untimed passes before the timed ones; stops after two in a row compiled nothing")
+    p.add_argument("--warmup-passes", type=report.positive_int, default=12,
+                   help="most untimed passes before the timed ones; stops after two in a row compiled nothing "
+                        "and left the adaptive rule's choices unchanged")
     p.add_argument("--output", default=None)

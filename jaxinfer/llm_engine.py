@@ -109,7 +109,7 @@ class LLMEngine:
         self.num_accepted_tokens = 0
         self._propose_seconds = 0.0  # host + draft time spent preparing the next step's proposals
         self._proposed_at = 0.0  # when they were ready: the step they prepared runs from then on
-        self._compiles_before_proposal = 0  # blocking compilations before the proposals of the next step
+        self._compiles_before_proposal = 0  # compilations (any kind) before the proposals of the next step
         self.proposer = None
         self.spec_controller = None
         if sc is None:
@@ -325,9 +325,10 @@ class LLMEngine:
             # proposals that prepared it (a step that was not prepared by a measured choice is ignored).
             emitted_count = sum(len(tokens) for tokens in emitted.values())
             t = time.perf_counter()
-            compiles = self._num_blocking_compilations()
+            compiles = self._num_compilations()
             if compiles != self._compiles_before_proposal or self._compiling_in_background():
-                # the cycle waited for a compilation (its proposals or its step), or one shared the CPU with it
+                # a compilation finished (in the foreground: the cycle waited for it; in the background: it
+                # shared the CPU) or is still running: the cycle's time is not the arm's
                 self.spec_controller.discard_step()
             else:
                 self.spec_controller.record_step(emitted_count, t - self._proposed_at + self._propose_seconds)
@@ -433,8 +434,8 @@ class LLMEngine:
     def _runners(self) -> list:
         return [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
 
-    def _num_blocking_compilations(self) -> int:
-        return sum(r.num_blocking_compilations for r in self._runners())
+    def _num_compilations(self) -> int:
+        return sum(r.num_compilations for r in self._runners())
 
     def _compiling_in_background(self) -> bool:
         return any(r.executables.compiling for r in self._runners())

@@ -174,6 +174,11 @@ class SpecController:
         with it): forget it. An arm being measured is simply played again."""
         self._pending = None
 
+    def choices(self) -> dict:
+        """Per batch-size bucket, the arm the rule currently prefers (None until both arms are measured)."""
+        return {key: (self._best(st) if st.rates[0] and st.rates[self.max_k] else None)
+                for key, st in sorted(self._arms.items())}
+
     def summary(self) -> dict:
         """Per batch-size bucket: the median throughput of each arm and the current retry interval."""
         return {

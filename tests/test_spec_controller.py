@@ -28,6 +28,16 @@ def test_turns_speculation_off_when_it_measured_slower():
     assert set(choices[6:]) == {0}
 
 
+def test_choices_report_the_preferred_arm_per_batch_bucket():
+    ctl = SpecController(max_k=4, min_samples=3, first_probe_interval=1000)
+    assert ctl.choices() == {}
+    _run(ctl, {0: 30.0, 4: 12.0}, 3, num_decoding=16)  # k=4 measured (3 samples), k=0 not yet
+    assert ctl.choices() == {16: None}
+    _run(ctl, {0: 30.0, 4: 12.0}, 10, num_decoding=16)
+    _run(ctl, {0: 10.0, 4: 25.0}, 10, num_decoding=3)
+    assert ctl.choices() == {4: 4, 16: 0}
+
+
 def test_a_single_outlier_does_not_decide():
     ctl = SpecController(max_k=2, min_samples=3, first_probe_interval=1000)
     ctl.choose_k(1)

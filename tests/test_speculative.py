@@ -193,15 +193,16 @@ def test_greedy_verification_is_argmax():
 
 
 def test_adaptive_rule_ignores_step_cycles_that_waited_for_a_compilation(hf_checkpoints):
-    """A cycle (proposals + step) during which any runner compiled in the foreground is not measured: a
-    compile of seconds would otherwise make that arm look hopeless (and set a long retry interval)."""
+    """A cycle (proposals + step) during which any runner finished a compilation (foreground: it waited;
+    background: the compile shared the CPU) is not measured: a compile of seconds would otherwise make
+    that arm look hopeless (and set a long retry interval)."""
     spec = {**NGRAM, "adaptive": True}
     llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64, speculative_config=spec)
     engine = llm.llm_engine
     calls, compiles = [], [0]
     engine.spec_controller.record_step = lambda *args: calls.append("record")
     engine.spec_controller.discard_step = lambda: calls.append("discard")
-    engine._num_blocking_compilations = lambda: compiles[0]
+    engine._num_compilations = lambda: compiles[0]
     engine._compiling_in_background = lambda: False
     engine.add_request("r", {"prompt_token_ids": list(range(20))}, GREEDY)
     engine.step()  # prefill, then the proposals for step 2
