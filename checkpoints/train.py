@@ -15,7 +15,7 @@ two auxiliary terms steer it (``attention_supervision``): a previous-token head 
 told where to attend, and next-token positions that continue an earlier match weigh more. The first
 ``copy_warmup_steps`` (150) train on repeated random token strings only; afterwards a quarter of the rows
 stay such strings, so the copy circuit keeps a clean training signal while the rest learns Python. The
-default model trains two cycles of 3000 steps (~45 minutes each on 2 CPU cores; the second restarts
+default model trains three cycles of 3000 steps (~45 minutes each on 2 CPU cores; the later ones restart
 AdamW at a quarter of the peak learning rate), the draft one cycle of 1800 (~7 minutes). At the end the
 script reports the validation loss and how accurately the model, decoding greedily, copies a passage it
 has just seen.
@@ -24,7 +24,7 @@ has just seen.
 checked); the data stream is replayed, so the result is bit-identical to an uninterrupted run:
 
     .venv/bin/python checkpoints/train.py --model default --set cycles=1 --out checkpoints   # cycle 1
-    .venv/bin/python checkpoints/train.py --model default --resume --out checkpoints         # cycle 2
+    .venv/bin/python checkpoints/train.py --model default --resume --out checkpoints         # cycles 2-3
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ SPECS = {
         model=TinyLlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=768,
                               num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
                               max_position_embeddings=MAX_POSITIONS),
-        steps=3000, cycles=2, peak_lr=2e-3, batch_size=8, seq_len=256,
+        steps=3000, cycles=3, peak_lr=2e-3, batch_size=8, seq_len=256,
         induction_heads=((1, 0), (1, 2), (1, 4))),
     "draft": TrainSpec(
         model=TinyLlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=384,

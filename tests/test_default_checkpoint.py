@@ -45,11 +45,12 @@ PROSE_PASSAGE = (
 # Measured on the committed checkpoints with HF transformers (see checkpoints/README.md); the
 # thresholds sit below the measured values so that only a real regression trips them.
 MIN_COPY_ACCURACY = {"default": 0.8, "draft": 0.5}
-# The quality checks: the draft passes them; the default model is expected to fail until retrained longer.
-_WEAK_DEFAULT = pytest.mark.xfail(strict=False, reason=(
-    "the default model is still short of these bars after 6000 steps on 2 CPU cores (training_summary.json: "
-    "val loss 3.72, teacher-forced copy 0.91; HF: code loss 3.63 > 3.5, copy 110/163 < 0.8)"))
-QUALITY_MODELS = [pytest.param("default", marks=_WEAK_DEFAULT), "draft"]
+# The copy check: the draft passes it; the default model is expected to fail it until trained further.
+_WEAK_DEFAULT_COPY = pytest.mark.xfail(strict=False, reason=(
+    "after 9000 steps on 2 CPU cores the default model copies the prose passage whole but leaves the code "
+    "passage after 51 of 104 tokens ('if merged and' -> 'if merged:'), 110/163 < 0.8 (training_summary.json: "
+    "teacher-forced copy 0.92)"))
+COPY_MODELS = [pytest.param("default", marks=_WEAK_DEFAULT_COPY), "draft"]
 MAX_CODE_LOSS = {"default": 3.5, "draft": 4.5}
 
 
@@ -180,7 +181,7 @@ def test_hf_tokenizer_matches_the_tokenizers_file(hf_tokenizer):
     assert hf_tokenizer.eos_token == EOT
 
 
-@pytest.mark.parametrize("name", QUALITY_MODELS)
+@pytest.mark.parametrize("name", ["default", "draft"])
 def test_hf_model_predicts_python_far_better_than_chance(hf, hf_models, hf_tokenizer, name):
     torch, _ = hf
     model, _ = hf_models[name]
@@ -200,7 +201,7 @@ def _greedy(torch, model, ids: list[int], new_tokens: int) -> list[int]:
     return out[len(ids):]
 
 
-@pytest.mark.parametrize("name", QUALITY_MODELS)
+@pytest.mark.parametrize("name", COPY_MODELS)
 def test_hf_model_greedily_copies_a_repeated_passage(hf, hf_models, hf_tokenizer, name):
     torch, _ = hf
     model, _ = hf_models[name]
