@@ -7,7 +7,9 @@ arms, ``k = 0`` and ``k = K`` (two choices only, so speculation adds one family 
 one per k), separately for each decoding batch size (rounded up to a power of two). For every pure-decode
 step it records the arm's throughput: tokens emitted by the decoding sequences / (the step's time + the
 proposal time that prepared it). It then plays the arm with the higher median
-throughput over its recent steps. Medians keep a compile or a stray slow step from deciding. Every
+throughput over its recent steps, k = K only if it is ``speculation_margin`` (10%) ahead (near parity a
+draft model would otherwise be switched on and off on noise, catching up at each switch: the spec
+bench's draft copy task at batch 16 ran at 0.88x that way). Medians keep a stray slow step from deciding. Every
 ``probe_interval`` steps the other arm is measured again, afresh, over ``min_samples`` steps (its old
 samples were taken under other conditions; the median discounts the first step's outlier, e.g. a draft
 model catching up on everything since it last ran). The interval doubles each time the retry confirms the
@@ -62,6 +64,7 @@ class SpecController:
         max_probe_interval: int = 256,
         retry_budget: float = 0.02,
         max_budget_interval: int = 4096,
+        speculation_margin: float = 0.1,
     ):
         self.max_k = max_k
         self.adaptive = adaptive
@@ -71,6 +74,7 @@ class SpecController:
         self.max_probe_interval = max_probe_interval
         self.retry_budget = retry_budget
         self.max_budget_interval = max_budget_interval
+        self.speculation_margin = speculation_margin
         self._arms: dict[int, _ArmStats] = {}
         self._pending: tuple[int, int] | None = None  # (batch key, k) of the step being prepared
         self.proposed = 0
@@ -140,7 +144,11 @@ class SpecController:
         return best
 
     def _best(self, st: _ArmStats) -> int:
-        return self.max_k if st.median(self.max_k) > st.median(0) else 0
+        """k = K only if its median beats k = 0's by ``speculation_margin``: speculating has costs its
+        per-step median leaves out (a draft model catching up each time speculation turns back on, whose
+        first step the median discounts), and near parity the two arms would otherwise trade places on
+        noise, paying that catch-up at every switch."""
+        return self.max_k if st.median(self.max_k) > (1.0 + self.speculation_margin) * st.median(0) else 0
 
     def _budget_interval(self, st: _ArmStats, best: int) -> int:
         """Steps between retries for the retry just finished to cost ``retry_budget`` of the time: the

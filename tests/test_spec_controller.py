@@ -38,6 +38,13 @@ def test_choices_report_the_preferred_arm_per_batch_bucket():
     assert ctl.choices() == {4: 4, 16: 0}
 
 
+def test_speculation_must_win_by_the_margin():
+    near = SpecController(max_k=4, min_samples=3, first_probe_interval=1000, speculation_margin=0.1)
+    assert set(_run(near, {0: 20.0, 4: 21.0}, 20)[6:]) == {0}  # 5% ahead: not worth switching on
+    clear = SpecController(max_k=4, min_samples=3, first_probe_interval=1000, speculation_margin=0.1)
+    assert set(_run(clear, {0: 20.0, 4: 23.0}, 20)[6:]) == {4}  # 15% ahead
+
+
 def test_a_single_outlier_does_not_decide():
     ctl = SpecController(max_k=2, min_samples=3, first_probe_interval=1000)
     ctl.choose_k(1)
