@@ -34,8 +34,21 @@ def test_choices_report_the_preferred_arm_per_batch_bucket():
     _run(ctl, {0: 30.0, 4: 12.0}, 3, num_decoding=16)  # k=4 measured (3 samples), k=0 not yet
     assert ctl.choices() == {16: None}
     _run(ctl, {0: 30.0, 4: 12.0}, 10, num_decoding=16)
-    _run(ctl, {0: 10.0, 4: 25.0}, 10, num_decoding=3)
-    assert ctl.choices() == {4: 4, 16: 0}
+    _run(ctl, {0: 10.0, 4: 25.0}, 10, num_decoding=32)
+    assert ctl.choices() == {16: 0, 32: 4}
+
+
+def test_a_smaller_bucket_next_to_one_settled_on_k0_starts_at_k0():
+    """A batch shrinking at the end of a run reaches new buckets: they do not explore k = K first (a draft
+    model would catch up on everything each time) but leave it to their first retry."""
+    ctl = SpecController(max_k=4, min_samples=3, first_probe_interval=8)
+    _run(ctl, {0: 30.0, 4: 12.0}, 10, num_decoding=16)
+    assert ctl.choices() == {16: 0}
+    choices = _run(ctl, {0: 10.0, 4: 25.0}, 20, num_decoding=3)
+    assert choices[:10] == [0] * 10  # k = 0 measured (3 steps), then played until the retry interval (8)
+    assert choices[10:13] == [4, 4, 4] and set(choices[13:]) == {4}  # the retry measures k = 4: it wins
+    fresh = SpecController(max_k=4, min_samples=3, first_probe_interval=8)
+    assert _run(fresh, {0: 10.0, 4: 25.0}, 3, num_decoding=3) == [4, 4, 4]  # no neighbour: k = K first
 
 
 def test_speculation_must_win_by_the_margin():
