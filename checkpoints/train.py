@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 import stdlib_corpus as corpus
 from attention_supervision import induction_loss, induction_targets, previous_token_loss
@@ -210,6 +210,8 @@ def train_one(name: str, spec: TrainSpec, steps: int, data: dict, out_dir: Path,
     ``resume`` starts from the checkpoint already in ``out_dir / name`` if it holds completed cycles of this
     very recipe: the data stream is replayed up to that point, so the result equals an uninterrupted run.
     """
+    if spec.cycles < 1 or steps < 1:
+        raise SystemExit(f"[{name}] cycles and steps must be >= 1, got {spec.cycles} and {steps}")
     cfg = spec.model
     rng = np.random.default_rng(seed)
     params = init_params(cfg, jax.random.PRNGKey(seed))
@@ -270,8 +272,8 @@ _CYCLE_FIELDS = ("steps", "cycles", "restart_lr_ratio")  # may differ between a 
 
 def load_for_resume(model_dir: Path, spec: TrainSpec, steps: int, seed: int, data: dict):
     """The saved weights, the number of finished cycles and their wall seconds; refuses any mismatch."""
-    from safetensors.numpy import load_file
-
+    if not (model_dir / "training_summary.json").is_file():
+        raise SystemExit(f"--resume: no training_summary.json in {model_dir}: nothing to resume")
     saved = json.loads((model_dir / "training_summary.json").read_text())
     wanted = {k: v for k, v in dataclasses.asdict(spec).items() if k != "model" and k not in _CYCLE_FIELDS}
     had = {k: saved["spec"].get(k) for k in wanted}

@@ -38,3 +38,38 @@ def test_spec_bench_refuses_bad_counts(bad, capsys):
     with pytest.raises(SystemExit):
         _parse(["--repeats", bad])
     assert "expected a positive integer" in capsys.readouterr().err
+
+
+class _FakeLLM:
+    """Stands in for LLM in ``_warm_up``: each pass may compile and may change the rule's choices."""
+
+    def __init__(self, compiles_per_pass, choices_per_pass):
+        self.passes = 0
+        self._compiles, self._choices = compiles_per_pass, choices_per_pass
+        outer = self
+
+        class _Ctl:
+            def choices(self):
+                return outer._choices[min(outer.passes, len(outer._choices) - 1)]
+
+        class _Engine:
+            spec_controller = _Ctl()
+
+            def stats(self):
+                return {"num_compilations": sum(outer._compiles[: outer.passes])}
+
+            def wait_for_compilations(self):
+                pass
+
+        self.llm_engine = _Engine()
+
+    def generate(self, *args, **kwargs):
+        self.passes += 1
+
+
+def test_warm_up_lasts_until_the_rule_settles_not_only_the_compiles():
+    # no compile after the first pass, but the rule's choice at batch 16 flips until pass 4
+    llm = _FakeLLM([3, 0, 0, 0, 0, 0, 0, 0], [{}, {16: 4}, {16: 0}, {16: 4}, {16: 0}, {16: 0}, {16: 0}])
+    assert spec._warm_up(llm, [], None, max_passes=12) == 6  # passes 5 and 6 changed nothing
+    capped = _FakeLLM([1] * 20, [{}])
+    assert spec._warm_up(capped, [], None, max_passes=5) == 5

@@ -67,3 +67,10 @@ def test_resume_refuses_another_recipe_or_a_finished_run(data, tmp_path):
     with pytest.raises(SystemExit, match="cycles of"):  # nothing left to resume: one cycle of one
         train.train_one("tiny", dataclasses.replace(SPEC, cycles=1), SPEC.steps, data, tmp_path, seed=3,
                         resume=True)
+
+
+def test_bad_cycle_settings_and_a_missing_checkpoint_are_refused_before_training(data, tmp_path):
+    with pytest.raises(SystemExit, match="cycles and steps must be >= 1"):
+        train.train_one("tiny", dataclasses.replace(SPEC, cycles=0), SPEC.steps, data, tmp_path, seed=3)
+    with pytest.raises(SystemExit, match="nothing to resume"):
+        train.train_one("tiny", SPEC, SPEC.steps, data, tmp_path / "empty", seed=3, resume=True)
