@@ -104,15 +104,11 @@ class SpecController:
             # A bucket next to a larger one that settled on k = 0 starts at k = 0 and leaves k = K to its
             # first retry: a batch shrinking at the end of a run reaches bucket after bucket, and exploring
             # k = K first in each made a draft model catch up every time (200-300 ms steps at batch 8-16).
-            larger = [b for b in self._arms if b > key and self._settled_choice(b) is not None]
-            start_off = bool(larger) and self._settled_choice(min(larger)) == 0
+            settled = [(b, c) for b, c in self.choices().items() if b > key and c is not None]
+            start_off = bool(settled) and min(settled)[1] == 0
             exploring = {0} if start_off else {self.max_k, 0}
             self._arms[key] = _ArmStats(rates, seconds, self.first_probe_interval, exploring=exploring)
         return self._arms[key]
-
-    def _settled_choice(self, key: int) -> int | None:
-        st = self._arms[key]
-        return self._best(st) if st.rates[0] and st.rates[self.max_k] and not st.exploring else None
 
     def choose_k(self, num_decoding: int, other_tokens: int = 0) -> int:
         """The k for the next step, with ``num_decoding`` sequences decoding and ``other_tokens`` prefill
@@ -195,8 +191,8 @@ class SpecController:
         self._pending = None
 
     def choices(self) -> dict:
-        """Per batch-size bucket, the arm the rule currently prefers (None until both arms are measured)."""
-        return {key: (self._best(st) if st.rates[0] and st.rates[self.max_k] else None)
+        """Per batch-size bucket, the arm the rule has settled on (None while an arm is being measured)."""
+        return {key: (self._best(st) if st.rates[0] and st.rates[self.max_k] and not st.exploring else None)
                 for key, st in sorted(self._arms.items())}
 
     def summary(self) -> dict:
