@@ -57,9 +57,10 @@ class DraftProposer:
             logits, starts = runner.run_step(items)
             members = [m for _, m in sorted(zip(starts, members), key=lambda p: p[0])]  # row order
             rows = [(s, s.num_output_tokens + j) for s in members]
-            md, _, _, truncation = runner.build_sampling_metadata(rows, logits.shape[0])
-            runner._note(("draft_sample", logits.shape[0], md.banned_token_ids.shape[1], truncation))
-            tokens, q = rejection_sampler.draft_sample_jit(logits, md, apply_truncation=truncation)
+            md, _, all_greedy, truncation = runner.build_sampling_metadata(rows, logits.shape[0])
+            runner._note(("draft_sample", logits.shape[0], md.banned_token_ids.shape[1], truncation, all_greedy))
+            tokens, q = rejection_sampler.draft_sample_jit(logits, md, apply_truncation=truncation,
+                                                           all_greedy=all_greedy)
             tokens = np.asarray(tokens)
             if j == 0:
                 self._slot = {s.seq_id: i for i, s in enumerate(members)}

@@ -195,10 +195,13 @@ class ModelRunner:
         if speculating:
             draft_arr = np.full(num_rows, -1, np.int32)
             draft_arr[: len(drafts)] = drafts
-            probs = None if draft_probs_for is None else draft_probs_for([(s.seq, j) for s, j in owners], num_rows)
-            self._note(("verify", num_rows, md.banned_token_ids.shape[1], num_logprobs, truncation, probs is None))
+            probs = None  # greedy rows accept iff the draft is the argmax, whatever the draft's q
+            if draft_probs_for is not None and not all_greedy:
+                probs = draft_probs_for([(s.seq, j) for s, j in owners], num_rows)
+            self._note(("verify", num_rows, md.banned_token_ids.shape[1], num_logprobs, truncation, probs is None,
+                        all_greedy))
             out = rejection_sampler.verify(logits, md, draft_arr, probs, num_logprobs=num_logprobs,
-                                           apply_truncation=truncation)
+                                           apply_truncation=truncation, all_greedy=all_greedy)
             accepted = out.accepted
         else:
             self._note(("sample", num_rows, md.prompt_token_ids.shape[1], md.output_token_ids.shape[1],

@@ -122,10 +122,10 @@ def apply_bans(logits: jax.Array, banned_token_ids: jax.Array) -> jax.Array:
     return logits.at[rows, ids].set(-jnp.inf, mode="drop")
 
 
-def _adjusted_logits(logits: jax.Array, md: SamplingMetadata, apply_penalties_: bool) -> jax.Array:
+def adjusted_logits(logits: jax.Array, md: SamplingMetadata, with_penalties: bool) -> jax.Array:
     """Steps 1-2 of the processing order, in float32: what greedy rows take the argmax of."""
     logits = logits.astype(jnp.float32)
-    if apply_penalties_:
+    if with_penalties:
         logits = apply_penalties(logits, md)
     return apply_bans(logits, md.banned_token_ids)
 
@@ -260,7 +260,7 @@ def processed_logits(
     None means `default_truncation_method()`.
     """
     _check_shapes(logits, md)
-    adjusted = _adjusted_logits(logits, md, apply_penalties)
+    adjusted = adjusted_logits(logits, md, apply_penalties)
     greedy = _is_greedy(md.temperature)[:, None]
     temperature = jnp.where(greedy, 1.0, md.temperature[:, None].astype(jnp.float32))
     scaled = adjusted / temperature
@@ -320,7 +320,7 @@ def sample(
     if not 0 <= num_logprobs <= vocab_size:
         raise ValueError(f"num_logprobs={num_logprobs} must be in [0, vocab size {vocab_size}]")
     if all_greedy:
-        tokens = first_argmax(_adjusted_logits(logits, md, apply_penalties))
+        tokens = first_argmax(adjusted_logits(logits, md, apply_penalties))
     else:
         final = processed_logits(
             logits,

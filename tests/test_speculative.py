@@ -4,6 +4,7 @@ target distribution exactly."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.rejection_sampler import verify
+from jaxinfer.rejection_sampler import draft_sample, verify
 from jaxinfer.sampler import SamplingMetadata, processed_logits
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -178,18 +179,49 @@ def test_rejection_sampling_preserves_the_target_distribution(draft, top_k):
     assert abs(acc.mean() - expected_rate) < 4 * math.sqrt(expected_rate * (1 - expected_rate) / n)
 
 
-def test_greedy_verification_is_argmax():
+@pytest.mark.parametrize("all_greedy", [False, True])
+def test_greedy_verification_is_argmax(all_greedy):
     logits = jax.random.normal(jax.random.key(0), (64, 50))
     md = _md(64, 0.0)
     drafts = np.asarray(jnp.argmax(logits, -1)).astype(np.int32)
     drafts[::2] = (drafts[::2] + 1) % 50  # every other draft wrong
     drafts[5] = -1  # a bonus row
-    out = verify(logits, md, jnp.asarray(drafts), None, num_logprobs=2, apply_truncation=False)
+    out = verify(logits, md, jnp.asarray(drafts), None, num_logprobs=2, apply_truncation=False,
+                 all_greedy=all_greedy)
     argmax = np.asarray(jnp.argmax(logits, -1))
     assert np.array_equal(np.asarray(out.tokens), argmax)
     assert np.array_equal(np.asarray(out.accepted), (drafts == argmax) & (drafts >= 0))
     raw = np.asarray(jax.nn.log_softmax(logits, -1))
     np.testing.assert_allclose(np.asarray(out.logprobs), raw[np.arange(64), argmax], atol=1e-6)
+
+
+def test_greedy_fast_paths_match_the_general_path():
+    """``all_greedy`` compiles the greedy reduction directly; it must give exactly what the general
+    rejection sampler and draft sampler give on greedy rows: same tokens, acceptances and logprobs, with
+    banned ids respected and whatever distribution the draft claims."""
+    n, vocab = 96, 40
+    logits = jax.random.normal(jax.random.key(1), (n, vocab)) * 3
+    banned = np.full((n, 2), -1, np.int32)
+    banned[::3, 0] = np.asarray(jnp.argmax(logits, -1))[::3]  # the raw argmax is banned on every third row
+    md = dataclasses.replace(_md(n, 0.0), banned_token_ids=jnp.asarray(banned))
+    rng = np.random.default_rng(2)
+    drafts = rng.integers(-1, vocab, size=n).astype(np.int32)
+    best = np.asarray(jnp.argmax(jnp.where(jnp.arange(vocab) == jnp.asarray(banned[:, :1]), -jnp.inf, logits), -1))
+    drafts[::4] = best[::4]  # some drafts right
+    q = jax.nn.softmax(jax.random.normal(jax.random.key(3), (n, vocab)), -1)
+    for probs in (None, q):
+        general = verify(logits, md, jnp.asarray(drafts), probs, num_logprobs=3, apply_truncation=False)
+        fast = verify(logits, md, jnp.asarray(drafts), probs, num_logprobs=3, apply_truncation=False,
+                      all_greedy=True)
+        for a, b in zip(jax.tree.leaves(general), jax.tree.leaves(fast)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert np.array_equal(np.asarray(fast.tokens), best)
+        assert np.array_equal(np.asarray(fast.accepted), (drafts >= 0) & (drafts == best))
+    tok_general, q_general = draft_sample(logits, md, apply_truncation=False)
+    tok_fast, q_fast = draft_sample(logits, md, apply_truncation=False, all_greedy=True)
+    np.testing.assert_array_equal(np.asarray(tok_general), best)
+    np.testing.assert_array_equal(np.asarray(tok_fast), best)
+    np.testing.assert_array_equal(np.asarray(q_general), np.asarray(q_fast))
 
 
 def test_adaptive_rule_ignores_step_cycles_that_waited_for_a_compilation(hf_checkpoints):
