@@ -111,7 +111,8 @@ def _attend_tile(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens, kv_lens
     return out.transpose(1, 0, 2, 3, 4).reshape(num_seqs, num_q_blocks * q_block, num_heads, head_dim)[:, :tile]
 
 
-_DECODE_CHUNK_BYTES = 1 << 20  # K gathered per chunk of the decode loop: small enough to stay in cache
+_DECODE_CHUNK_BYTES = 1 << 20  # K gathered per chunk of the short-query loop: small enough to stay in cache
+SHORT_QUERY_MAX = 16  # a group whose query runs are at most this long attends like decodes (no tile)
 
 
 def _decode_scores(q_SKGD, k_SCKD):
@@ -122,22 +123,31 @@ def _decode_scores(q_SKGD, k_SCKD):
     return (prod @ jnp.ones((q_SKGD.shape[-1],), prod.dtype)).transpose(0, 2, 3, 1)
 
 
-def _attend_decodes(q_TNH, k_cache, v_cache, block_tables, q_start, kv_lens, *, sm_scale, sliding_window,
-                    chunk_bytes=_DECODE_CHUNK_BYTES):
-    """Attention of sequences with one query each (at position kv_len - 1): returns [S, Hq, D] (float32).
+def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens, kv_lens, *, width, sm_scale,
+                          sliding_window, chunk_bytes=_DECODE_CHUNK_BYTES):
+    """Attention of sequences with at most ``width`` queries each (decodes: 1; verification of k speculative
+    tokens: 1 + k), the last at position kv_len - 1: returns [S, width, Hq, D] (float32).
 
-    The context is visited in chunks of blocks with an online softmax (running max, denominator and
-    weighted sum), so the gathered K/V and the scores of one chunk stay small: gathering a whole long
-    context at once made XLA:CPU allocate and page-fault tens of megabytes per layer (16 sequences x 1K
-    keys: 45 ms -> 9 ms per layer). Chunks that no sequence needs (past the longest context, which the
-    bucketed block-table width leaves, or before every sliding window) are skipped.
+    The context is visited once, in chunks of blocks, with an online softmax (running max, denominator and
+    weighted sum) for all of a sequence's queries together, so the gathered K/V and the scores of one chunk
+    stay small: gathering a whole long context at once made XLA:CPU allocate and page-fault tens of
+    megabytes per layer (16 sequences x 1K keys: 45 ms -> 9 ms per layer), and the prefill tile's per-block
+    gathers cost 1.5x this loop for 16 sequences verifying 4 tokens. Chunks that no query needs (past the
+    longest context, which the bucketed block-table width leaves, or before every sliding window) are
+    skipped.
     """
     num_tokens, num_heads, head_dim = q_TNH.shape
     num_seqs, max_blocks = block_tables.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    q = q_TNH[jnp.clip(q_start, 0, num_tokens - 1)].reshape(num_seqs, num_kv_heads, group, head_dim)
-    q = q.astype(jnp.float32) * sm_scale
+    rows = width * group  # query rows per (sequence, KV head), ordered (query, head in group)
+    j = jnp.arange(width)
+    q_valid = j[None, :] < q_lens[:, None]  # [S, W]
+    q = q_TNH[jnp.clip(q_start[:, None] + j[None, :], 0, num_tokens - 1)]  # [S, W, Hq, D]
+    q = q.reshape(num_seqs, width, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+    q = q.reshape(num_seqs, num_kv_heads, rows, head_dim).astype(jnp.float32) * sm_scale
+    q_pos = (kv_lens - q_lens)[:, None] + j[None, :]  # [S, W]
+    row_pos = jnp.repeat(jnp.where(q_valid, q_pos, -1), group, axis=1)  # [S, rows]; -1: sees no key
     column_bytes = num_seqs * block_size * num_kv_heads * head_dim * 4
     chunk = 1
     while chunk * 2 * column_bytes <= chunk_bytes and chunk * 2 <= max_blocks:
@@ -146,10 +156,11 @@ def _attend_decodes(q_TNH, k_cache, v_cache, block_tables, q_start, kv_lens, *, 
     keys = chunk * block_size
     tables = jnp.pad(block_tables, ((0, 0), (0, num_chunks * chunk - max_blocks)))
     tables = tables.reshape(num_seqs, num_chunks, chunk).transpose(1, 0, 2)
-    q_pos = kv_lens - 1
 
-    last_key = jnp.max(q_pos)  # chunks past every sequence's context (block-table padding) are skipped
-    first_key = 0 if sliding_window is None else jnp.min(jnp.where(kv_lens > 0, q_pos, last_key)) - sliding_window + 1
+    last_key = jnp.max(jnp.where(q_valid, q_pos, -1))  # chunks past every query (block-table padding): skipped
+    first_key = 0
+    if sliding_window is not None:
+        first_key = jnp.min(jnp.where(q_valid, q_pos, jnp.iinfo(jnp.int32).max)) - sliding_window + 1
 
     def visit(carry, chunk_and_index):
         table, index = chunk_and_index
@@ -157,29 +168,33 @@ def _attend_decodes(q_TNH, k_cache, v_cache, block_tables, q_start, kv_lens, *, 
         def compute(carry):
             k = k_cache[table].reshape(num_seqs, keys, num_kv_heads, head_dim).astype(jnp.float32)
             v = v_cache[table].reshape(num_seqs, keys, num_kv_heads, head_dim).astype(jnp.float32)
-            scores = _decode_scores(q, k)
+            if width == 1:
+                scores = _decode_scores(q, k)
+            else:  # several query rows per head: a real (small) matmul beats the fused product here
+                scores = jnp.einsum("skqd,sckd->skqc", q, k)
             k_pos = index * keys + jnp.arange(keys)
-            valid = k_pos[None, :] <= q_pos[:, None]
+            valid = k_pos[None, None, :] <= row_pos[:, :, None]  # [S, rows, C]
             if sliding_window is not None:
-                valid &= k_pos[None, :] > q_pos[:, None] - sliding_window
-            scores = jnp.where(valid[:, None, None, :], scores, -jnp.inf)
+                valid &= k_pos[None, None, :] > row_pos[:, :, None] - sliding_window
+            scores = jnp.where(valid[:, None], scores, -jnp.inf)
             return _online_softmax_step(carry, scores, lambda probs: jnp.einsum("skgc,sckd->skgd", probs, v))
 
         needed = (index * keys <= last_key) & ((index + 1) * keys > first_key)
         return _skip_unless(needed, compute, carry), None
 
-    init = (jnp.full((num_seqs, num_kv_heads, group), _FINITE_MIN, jnp.float32),
-            jnp.zeros((num_seqs, num_kv_heads, group), jnp.float32),
-            jnp.zeros((num_seqs, num_kv_heads, group, head_dim), jnp.float32))
+    init = (jnp.full((num_seqs, num_kv_heads, rows), _FINITE_MIN, jnp.float32),
+            jnp.zeros((num_seqs, num_kv_heads, rows), jnp.float32),
+            jnp.zeros((num_seqs, num_kv_heads, rows, head_dim), jnp.float32))
     (_, denom, acc), _ = jax.lax.scan(visit, init, (tables, jnp.arange(num_chunks)))
-    out = acc / jnp.where(denom > 0, denom, 1.0)[..., None]
-    return out.reshape(num_seqs, num_heads, head_dim)
+    out = acc / jnp.where(denom > 0, denom, 1.0)[..., None]  # [S, Hkv, rows, D]
+    out = out.reshape(num_seqs, num_kv_heads, width, group, head_dim).transpose(0, 2, 1, 3, 4)
+    return out.reshape(num_seqs, width, num_heads, head_dim)
 
 
 def xla_ragged_paged_attention(
     q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, max_q_len, num_prefill_slots=None,
     sliding_window=None, decode_chunk_bytes=_DECODE_CHUNK_BYTES, prefill_q_block=_PREFILL_Q_BLOCK,
-    prefill_k_block=_PREFILL_K_BLOCK,
+    prefill_k_block=_PREFILL_K_BLOCK, short_query_max=SHORT_QUERY_MAX,
 ):
     """q_TNH [T, Hq, D]; caches [N, BS, Hkv, D]; returns [T, Hq, D] (zeros for padding tokens).
 
@@ -187,8 +202,9 @@ def xla_ragged_paged_attention(
     are computed on a [P, max_q_len] grid; slots ``[P, S)`` must have at most one query (decodes) and are
     computed on an [S - P, 1] grid, so a long prefill chunk does not pad every decode to its length.
     ``P = None`` puts every slot in the first group. Decodes visit their context in chunks of about
-    ``decode_chunk_bytes`` of gathered keys (see ``_attend_decodes``); the first group in blocks of
-    ``prefill_q_block`` queries x ``prefill_k_block`` keys (see ``_attend_tile``).
+    ``decode_chunk_bytes`` of gathered keys (see ``_attend_short_queries``), and so does the first group when
+    ``max_q_len <= short_query_max`` (speculative verification, short prompts); longer query runs are
+    computed in blocks of ``prefill_q_block`` queries x ``prefill_k_block`` keys (see ``_attend_tile``).
     """
     num_tokens = q_TNH.shape[0]
     num_seqs = kv_lens.shape[0]
@@ -197,16 +213,22 @@ def xla_ragged_paged_attention(
     t = jnp.arange(num_tokens)
     out = jnp.zeros(q_TNH.shape, jnp.float32)
     if P > 0:
-        tile = _attend_tile(q_TNH, k_cache, v_cache, block_tables[:P], cu_q_lens[:P], q_lens[:P], kv_lens[:P],
-                            sm_scale=sm_scale, tile=max_q_len, sliding_window=sliding_window,
-                            q_block=prefill_q_block, k_block=prefill_k_block)
+        if max_q_len <= short_query_max:
+            tile = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables[:P], cu_q_lens[:P], q_lens[:P],
+                                         kv_lens[:P], width=max_q_len, sm_scale=sm_scale,
+                                         sliding_window=sliding_window, chunk_bytes=decode_chunk_bytes)
+        else:
+            tile = _attend_tile(q_TNH, k_cache, v_cache, block_tables[:P], cu_q_lens[:P], q_lens[:P], kv_lens[:P],
+                                sm_scale=sm_scale, tile=max_q_len, sliding_window=sliding_window,
+                                q_block=prefill_q_block, k_block=prefill_k_block)
         seq = jnp.clip(jnp.searchsorted(cu_q_lens[: P + 1], t, side="right") - 1, 0, P - 1)
         idx = t - cu_q_lens[seq]
         in_a = (t < cu_q_lens[P]) & (idx < max_q_len)
         out = jnp.where(in_a[:, None, None], tile[seq, jnp.clip(idx, 0, max_q_len - 1)], out)
     if P < num_seqs:
-        rest = _attend_decodes(q_TNH, k_cache, v_cache, block_tables[P:], cu_q_lens[P:-1], kv_lens[P:],
-                               sm_scale=sm_scale, sliding_window=sliding_window, chunk_bytes=decode_chunk_bytes)
+        rest = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables[P:], cu_q_lens[P:-1], q_lens[P:],
+                                     kv_lens[P:], width=1, sm_scale=sm_scale, sliding_window=sliding_window,
+                                     chunk_bytes=decode_chunk_bytes)[:, 0]
         k = jnp.clip(t - cu_q_lens[P], 0, num_seqs - P - 1)
         in_b = (t >= cu_q_lens[P]) & (t < cu_q_lens[-1])
         out = jnp.where(in_b[:, None, None], rest[k], out)

@@ -31,6 +31,7 @@ def _case(seed, q_lens, kv_extra, hq=4, hkv=2, d=16, bs=4, num_blocks=64, pad_se
     return q, k, v, jnp.asarray(tables), jnp.asarray(cu), jnp.asarray(kv_lens + [0] * pad_seqs, jnp.int32)
 
 
+@pytest.mark.parametrize("short_query_max", [0, 16])  # the first group as a tile, or like decodes
 @pytest.mark.parametrize("window", [None, 6])
 @pytest.mark.parametrize("q_lens, kv_extra, prefill_slots", [
     ([7, 3, 1, 1, 1], [0, 9, 20, 3, 0], 2),   # two chunks then decodes
@@ -39,13 +40,14 @@ def _case(seed, q_lens, kv_extra, hq=4, hkv=2, d=16, bs=4, num_blocks=64, pad_se
     ([5, 12], [0, 3], None),                   # every slot in the first group
     ([6, 1, 1], [2, 2, 2], 4),                 # more prefill slots than multi-token sequences (bucketed)
 ])
-def test_grouped_xla_attention_matches_reference(q_lens, kv_extra, prefill_slots, window):
+def test_grouped_xla_attention_matches_reference(q_lens, kv_extra, prefill_slots, window, short_query_max):
     q, k, v, tables, cu, kv = _case(len(q_lens), q_lens, kv_extra)
     if prefill_slots is not None:
         prefill_slots = min(prefill_slots, kv.shape[0])
     max_q = 1 << (max(q_lens) - 1).bit_length()
     got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, sm_scale=0.25, max_q_len=max_q,
-                                     num_prefill_slots=prefill_slots, sliding_window=window)
+                                     num_prefill_slots=prefill_slots, sliding_window=window,
+                                     short_query_max=short_query_max)
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
@@ -69,7 +71,8 @@ def test_prefill_attention_in_blocks_is_exact(q_block, k_block, window):
     q_lens, kv_extra = [13, 16, 1, 1], [0, 21, 5, 0]  # a fresh prompt, a chunk after a prefix, two decodes
     q, k, v, tables, cu, kv = _case(11, q_lens, kv_extra, num_blocks=64)
     got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, sm_scale=0.25, max_q_len=16, num_prefill_slots=2,
-                                     sliding_window=window, prefill_q_block=q_block, prefill_k_block=k_block)
+                                     sliding_window=window, prefill_q_block=q_block, prefill_k_block=k_block,
+                                     short_query_max=0)
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
@@ -85,20 +88,24 @@ def _poison(k, v, tables, skipped):
 
 
 @pytest.mark.parametrize("window", [None, 9])
-def test_decode_chunks_no_sequence_needs_are_skipped(window):
+@pytest.mark.parametrize("q_lens, kv_extra, prefill_slots", [
+    ([1, 1, 1], [30, 41, 37], 0),  # decodes; kv_lens 31, 42, 38: 8, 11, 10 blocks of 4
+    ([3, 5, 1], [28, 37, 37], 2),  # two sequences verifying drafts (a short first group), one decode
+])
+def test_short_query_chunks_no_query_needs_are_skipped(window, q_lens, kv_extra, prefill_slots):
     """A block table wider than any context (bucketed), and with a sliding window the blocks before every
-    sequence's window: those chunks are never computed."""
-    q_lens, kv_extra = [1, 1, 1], [30, 41, 37]  # kv_lens 31, 42, 38: 8, 11, 10 blocks of 4
+    query's window: those chunks are never computed."""
     q, k, v, tables, cu, kv = _case(5, q_lens, kv_extra, num_blocks=64, pad_seqs=0)
     wide = jnp.pad(tables, ((0, 0), (0, 5)))
     block_start = 4 * np.arange(wide.shape[1])[None, :]
     skipped = np.broadcast_to(block_start >= 4 * tables.shape[1], wide.shape)
-    if window is not None:  # keys before 31 - 9 + 1 = 23 are outside every window: blocks 0-4
+    if window is not None:  # keys before 23 (31 - 9 + 1) or 20 (28 - 9 + 1) are outside every window: blocks 0-4
         skipped = skipped | (block_start + 4 <= 23)
     k2, v2, wide = _poison(k, v, wide, skipped)
     one_block = 3 * 4 * 2 * 16 * 4  # bytes of one gathered block column: chunks of one block
-    got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, sm_scale=0.25, max_q_len=1, num_prefill_slots=0,
-                                     sliding_window=window, decode_chunk_bytes=one_block)
+    got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, sm_scale=0.25, max_q_len=max(q_lens) + 3,
+                                     num_prefill_slots=prefill_slots, sliding_window=window,
+                                     decode_chunk_bytes=one_block)
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
@@ -111,7 +118,7 @@ def test_prefill_key_blocks_past_every_query_are_skipped(q_block, k_block):
     skipped = np.broadcast_to(np.arange(wide.shape[1])[None, :] >= tables.shape[1], wide.shape)
     k2, v2, wide = _poison(k, v, wide, skipped)
     got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, sm_scale=0.25, max_q_len=16, num_prefill_slots=2,
-                                     prefill_q_block=q_block, prefill_k_block=k_block,
+                                     prefill_q_block=q_block, prefill_k_block=k_block, short_query_max=0,
                                      decode_chunk_bytes=4 * 2 * 16 * 4)  # the decode slot: one-block chunks
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
