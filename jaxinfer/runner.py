@@ -75,6 +75,7 @@ class ModelRunner:
         self.params = params
         self.block_size = block_size
         self.query_width = query_width  # 1 + k under speculation: verification steps get one shape per batch
+        self.attention_backend, self.interpret = attention_backend, interpret
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
         self.step_fn = make_step_fn(cfg, attention_backend, interpret)

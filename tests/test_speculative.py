@@ -98,6 +98,33 @@ def test_target_as_its_own_draft_accepts_everything(hf_checkpoints, reference):
     _no_leak(llm)
 
 
+def test_own_draft_with_uneven_room_and_sampling(hf_checkpoints, reference):
+    """The draft's rounds after the first run as one compiled call in which each row takes part in its own
+    number of rounds: requests near their max_tokens propose fewer tokens than the rest of the batch, and
+    must still get the target's greedy tokens with every draft accepted. Under temperature sampling a draft
+    identical to the target has q = p, so (up to float rounding between the two step shapes) every draft
+    is accepted: a q from the wrong round or row would not be."""
+    path = str(hf_checkpoints["llama_gqa"])
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 4, "adaptive": False}
+    llm = LLM(model=path, max_model_len=128, num_kv_blocks=64, speculative_config=spec)
+    lengths = [6, 24, 9, 13]  # 6 and 9 leave room for fewer than 4 drafts at their last verification steps
+    outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()],
+                        [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths],
+                        use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [ref[:n] for ref, n in zip(reference, lengths)]
+    s = llm.llm_engine.stats()
+    assert s["num_accepted_tokens"] == s["num_draft_tokens"] > 20
+    before = s
+    sampled = SamplingParams(temperature=0.8, top_k=20, max_tokens=24, ignore_eos=True, seed=3)
+    outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], sampled, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
+    s = llm.llm_engine.stats()
+    drafted = s["num_draft_tokens"] - before["num_draft_tokens"]
+    accepted = s["num_accepted_tokens"] - before["num_accepted_tokens"]
+    assert drafted > 40 and accepted >= 0.97 * drafted, (accepted, drafted)
+    _no_leak(llm)
+
+
 def test_speculation_respects_stop_tokens_and_max_tokens(hf_checkpoints, reference):
     llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64, speculative_config=NGRAM)
     ref = reference[2]
