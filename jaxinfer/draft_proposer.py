@@ -72,11 +72,14 @@ class DraftProposer:
             for i, (s, k) in enumerate(zip(members, ks_by_row)):
                 tables[i, : len(s.block_ids)] = s.block_ids
                 first_pos[i], rounds_left[i] = s.num_tokens, k - 1
-            runner._note(("draft_rounds", width, tables.shape[1], max_k - 1, md.banned_token_ids.shape[1],
+            # always k - 1 rounds for the configured k (rows near max_tokens sit the last ones out): one
+            # compiled shape per batch size, not one more per shorter proposal at the end of a request
+            rounds = max((runner.query_width or 0) - 2, max_k - 1)
+            runner._note(("draft_rounds", width, tables.shape[1], rounds, md.banned_token_ids.shape[1],
                           truncation, all_greedy))
             rest, q_rest, runner.kv_cache = self._rounds_fn(
                 runner.params, runner.kv_cache, first, tables, first_pos, rounds_left, md,
-                rounds=max_k - 1, apply_truncation=truncation, all_greedy=all_greedy)
+                rounds=rounds, apply_truncation=truncation, all_greedy=all_greedy)
             tokens = np.asarray(jnp.concatenate([first[None], rest]))  # the one host sync: [k, width]
             self._q_rounds = jnp.concatenate([q0[None], q_rest])
         for i, (s, k) in enumerate(zip(members, ks_by_row)):
