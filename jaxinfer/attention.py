@@ -115,14 +115,6 @@ _DECODE_CHUNK_BYTES = 1 << 20  # K gathered per chunk of the short-query loop: s
 SHORT_QUERY_MAX = 16  # a group whose query runs are at most this long attends like decodes (no tile)
 
 
-def _decode_scores(q_SKGD, k_SCKD):
-    """[S, Hkv, G, C] scores of one query per sequence. A batched dot of [G, D] x [D, C] per (sequence, KV
-    head) runs as thousands of tiny matmul calls on XLA:CPU; a fused multiply then one long dot over D is
-    2-4x faster."""
-    prod = q_SKGD[:, None] * k_SCKD[:, :, :, None, :]
-    return (prod @ jnp.ones((q_SKGD.shape[-1],), prod.dtype)).transpose(0, 2, 3, 1)
-
-
 def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens, kv_lens, *, width, sm_scale,
                           sliding_window, chunk_bytes=_DECODE_CHUNK_BYTES):
     """Attention of sequences with at most ``width`` queries each (decodes: 1; verification of k speculative
@@ -168,10 +160,7 @@ def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens
         def compute(carry):
             k = k_cache[table].reshape(num_seqs, keys, num_kv_heads, head_dim).astype(jnp.float32)
             v = v_cache[table].reshape(num_seqs, keys, num_kv_heads, head_dim).astype(jnp.float32)
-            if width == 1:
-                scores = _decode_scores(q, k)
-            else:  # several query rows per head: a real (small) matmul beats the fused product here
-                scores = jnp.einsum("skqd,sckd->skqc", q, k)
+            scores = jnp.einsum("skqd,sckd->skqc", q, k)
             k_pos = index * keys + jnp.arange(keys)
             valid = k_pos[None, None, :] <= row_pos[:, :, None]  # [S, rows, C]
             if sliding_window is not None:
