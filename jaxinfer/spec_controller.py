@@ -5,11 +5,14 @@ what the draft model costs, which compiled shape the wider verification step fal
 device's step time grows with tokens. So the rule measures instead of modelling. It chooses between two
 arms, ``k = 0`` and ``k = K`` (two choices only, so speculation adds one family of compiled shapes, not
 one per k), separately for each decoding batch size (rounded up to a power of two). For every pure-decode
-step it records the arm's throughput: tokens emitted by the decoding sequences / (the step's time + the
-proposal time that prepared it). It then plays the arm with the higher median
-throughput over its recent steps, k = K only if it is ``speculation_margin`` (10%) ahead (near parity a
+step it records the tokens the decoding sequences emitted and the step's time (the step + the proposal
+time that prepared it). An arm's throughput over its recent steps is their mean tokens per step over their
+median step time: the median keeps a stray slow step (a draft catching up, a page fault) from deciding,
+and the mean counts every token (the tokens of a speculative step are bimodal on text that is copyable in
+places: a median of per-step rates sat on the low mode and turned a 1.5x draft off). The rule plays the
+arm with the higher throughput, k = K only if it is ``speculation_margin`` (10%) ahead (near parity a
 draft model would otherwise be switched on and off on noise, catching up at each switch: the spec
-bench's draft copy task at batch 16 ran at 0.88x that way). Medians keep a stray slow step from deciding. Every
+bench's draft copy task at batch 16 ran at 0.88x that way). Every
 ``probe_interval`` steps the other arm is measured again, afresh, over ``min_samples`` steps (its old
 samples were taken under other conditions; the median discounts the first step's outlier, e.g. a draft
 model catching up on everything since it last ran). The interval doubles each time the retry confirms the
@@ -38,9 +41,9 @@ def _batch_key(num_decoding: int) -> int:
 
 @dataclasses.dataclass
 class _ArmStats:
-    """Recent throughputs (tokens/s) of both arms at one batch-size bucket, and the retry schedule."""
+    """Recent steps of both arms at one batch-size bucket (tokens emitted, seconds), and the retry schedule."""
 
-    rates: dict
+    tokens: dict  # recent tokens emitted per step, per arm
     seconds: dict  # recent step durations per arm
     probe_interval: int
     exploring: set  # arms being measured: played until they have min_samples fresh samples
@@ -49,8 +52,9 @@ class _ArmStats:
     retry_seconds: float = 0.0  # time and tokens of the current retry's steps
     retry_tokens: float = 0.0
 
-    def median(self, k: int) -> float:
-        return statistics.median(self.rates[k])  # a few samples: the stdlib beats numpy's conversion
+    def rate(self, k: int) -> float:
+        """Tokens/s of arm k: mean tokens per step over the median step time (stdlib: a few samples)."""
+        return statistics.fmean(self.tokens[k]) / statistics.median(self.seconds[k])
 
 
 class SpecController:
@@ -99,7 +103,7 @@ class SpecController:
     def _stats(self, key: int) -> _ArmStats:
         if key not in self._arms:
             arms = (0, self.max_k)
-            rates = {k: collections.deque(maxlen=self.window) for k in arms}
+            tokens = {k: collections.deque(maxlen=self.window) for k in arms}
             seconds = {k: collections.deque(maxlen=self.window) for k in arms}
             # A bucket next to a larger one that settled on k = 0 starts at k = 0 and leaves k = K to its
             # first retry: a batch shrinking at the end of a run reaches bucket after bucket, and exploring
@@ -107,7 +111,7 @@ class SpecController:
             settled = [(b, c) for b, c in self.choices().items() if b > key and c is not None]
             start_off = bool(settled) and min(settled)[1] == 0
             exploring = {0} if start_off else {self.max_k, 0}
-            self._arms[key] = _ArmStats(rates, seconds, self.first_probe_interval, exploring=exploring)
+            self._arms[key] = _ArmStats(tokens, seconds, self.first_probe_interval, exploring=exploring)
         return self._arms[key]
 
     def choose_k(self, num_decoding: int, other_tokens: int = 0) -> int:
@@ -124,7 +128,7 @@ class SpecController:
         st = self._stats(_batch_key(num_decoding))
         for k in (self.max_k, 0):  # measure the arms that need it first, speculation first
             if k in st.exploring:
-                if len(st.rates[k]) < self.min_samples:
+                if len(st.tokens[k]) < self.min_samples:
                     return k
                 st.exploring.discard(k)
         best = self._best(st)
@@ -143,26 +147,26 @@ class SpecController:
             st.steps_since_probe = 0
             st.choice_before_retry = best
             st.retry_seconds = st.retry_tokens = 0.0
-            st.rates[other].clear()
+            st.tokens[other].clear()
             st.seconds[other].clear()
             st.exploring.add(other)
             return other
         return best
 
     def _best(self, st: _ArmStats) -> int:
-        """k = K only if its median beats k = 0's by ``speculation_margin``: speculating has costs its
-        per-step median leaves out (a draft model catching up each time speculation turns back on, whose
+        """k = K only if its throughput beats k = 0's by ``speculation_margin``: speculating has costs its
+        median step time leaves out (a draft model catching up each time speculation turns back on, whose
         first step the median discounts), and near parity the two arms would otherwise trade places on
         noise, paying that catch-up at every switch."""
-        if not st.rates[self.max_k]:
+        if not st.tokens[self.max_k]:
             return 0  # k = K not measured yet at this bucket (see ``_stats``)
-        return self.max_k if st.median(self.max_k) > (1.0 + self.speculation_margin) * st.median(0) else 0
+        return self.max_k if st.rate(self.max_k) > (1.0 + self.speculation_margin) * st.rate(0) else 0
 
     def _budget_interval(self, st: _ArmStats, best: int) -> int:
         """Steps between retries for the retry just finished to cost ``retry_budget`` of the time: the
         seconds it lost (its time minus what the better arm would have taken for its tokens) over the
         budget's share of the better arm's step time."""
-        best_rate, step = st.median(best), statistics.median(st.seconds[best])
+        best_rate, step = st.rate(best), statistics.median(st.seconds[best])
         if self.retry_budget <= 0 or best_rate <= 0 or step <= 0:
             return 0
         lost = st.retry_seconds - st.retry_tokens / best_rate
@@ -179,7 +183,7 @@ class SpecController:
         key, k = self._pending
         self._pending = None
         st = self._stats(key)
-        st.rates[k].append(emitted_tokens / seconds)
+        st.tokens[k].append(emitted_tokens)
         st.seconds[k].append(seconds)
         if st.choice_before_retry is not None and k != st.choice_before_retry:
             st.retry_seconds += seconds
@@ -192,14 +196,14 @@ class SpecController:
 
     def choices(self) -> dict:
         """Per batch-size bucket, the arm the rule has settled on (None while an arm is being measured)."""
-        return {key: (self._best(st) if st.rates[0] and st.rates[self.max_k] and not st.exploring else None)
+        return {key: (self._best(st) if st.tokens[0] and st.tokens[self.max_k] and not st.exploring else None)
                 for key, st in sorted(self._arms.items())}
 
     def summary(self) -> dict:
-        """Per batch-size bucket: the median throughput of each arm and the current retry interval."""
+        """Per batch-size bucket: the throughput of each arm and the current retry interval."""
         return {
             key: {
-                "median_tok_per_s": {k: (st.median(k) if st.rates[k] else None) for k in st.rates},
+                "tok_per_s": {k: (st.rate(k) if st.tokens[k] else None) for k in st.tokens},
                 "probe_interval": st.probe_interval,
             }
             for key, st in sorted(self._arms.items())
