@@ -152,7 +152,8 @@ def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens
     last_key = jnp.max(jnp.where(q_valid, q_pos, -1))  # chunks past every query (block-table padding): skipped
     first_key = 0
     if sliding_window is not None:
-        first_key = jnp.min(jnp.where(q_valid, q_pos, jnp.iinfo(jnp.int32).max)) - sliding_window + 1
+        live = q_valid & (q_pos >= 0)  # a slot with kv_len 0 (a draft row sitting a round out) sees nothing
+        first_key = jnp.min(jnp.where(live, q_pos, jnp.iinfo(jnp.int32).max)) - sliding_window + 1
 
     def visit(carry, chunk_and_index):
         table, index = chunk_and_index

@@ -57,6 +57,8 @@ class DraftProposer:
         ks_by_row = [active[i][1] for i in order]
         width = logits.shape[0]
         rows = [(s, s.num_output_tokens) for s in members]
+        # Later rounds reuse this metadata with only the sampling step advanced: the engine proposes only
+        # for sequences without penalties and past min_tokens, so no ids are banned at any round's step.
         md, _, all_greedy, truncation = runner.build_sampling_metadata(rows, width)
         runner._note(("draft_sample", width, md.banned_token_ids.shape[1], truncation, all_greedy))
         first, q0 = rejection_sampler.draft_sample_jit(logits, md, apply_truncation=truncation, all_greedy=all_greedy)

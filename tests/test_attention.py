@@ -110,6 +110,22 @@ def test_short_query_chunks_no_query_needs_are_skipped(window, q_lens, kv_extra,
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
+def test_a_slot_that_sees_nothing_does_not_stop_window_skipping():
+    """A draft row sitting a proposal round out has one query and kv_len 0: it sees no key, yields zeros,
+    and does not pull the first needed chunk back to the start of the context."""
+    q_lens, kv_extra = [1, 1, 1], [30, 41, 0]
+    q, k, v, tables, cu, kv = _case(5, q_lens, kv_extra, num_blocks=64, pad_seqs=0)
+    kv = kv.at[2].set(0)
+    block_start = 4 * np.arange(tables.shape[1])[None, :]
+    skipped = np.broadcast_to(block_start + 4 <= 31 - 9 + 1, tables.shape)  # before both live windows
+    k2, v2, tables2 = _poison(k, v, tables, skipped)
+    got = xla_ragged_paged_attention(q, k2, v2, tables2, cu, kv, sm_scale=0.25, max_q_len=1, num_prefill_slots=0,
+                                     sliding_window=9, decode_chunk_bytes=3 * 4 * 2 * 16 * 4)
+    want = ragged_paged_attention_reference(q[:2], k, v, tables[:2], cu[:3], kv[:2], sm_scale=0.25, sliding_window=9)
+    np.testing.assert_allclose(np.asarray(got)[:2], np.asarray(want), atol=1e-5, rtol=1e-5)
+    assert np.all(np.asarray(got)[2:] == 0)
+
+
 @pytest.mark.parametrize("q_block, k_block", [(4, 8), (16, 4)])
 def test_prefill_key_blocks_past_every_query_are_skipped(q_block, k_block):
     q_lens, kv_extra = [13, 16, 1], [0, 21, 5]
