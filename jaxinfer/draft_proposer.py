@@ -60,7 +60,8 @@ class DraftProposer:
         # Later rounds reuse this metadata with only the sampling step advanced: the engine proposes only
         # for sequences without penalties and past min_tokens, so no ids are banned at any round's step.
         md, _, all_greedy, truncation = runner.build_sampling_metadata(rows, width)
-        runner._note(("draft_sample", width, md.banned_token_ids.shape[1], truncation, all_greedy))
+        id_widths = tuple(m.shape[1] for m in (md.prompt_token_ids, md.output_token_ids, md.banned_token_ids))
+        runner._note(("draft_sample", width, id_widths, truncation, all_greedy))
         first, q0 = rejection_sampler.draft_sample_jit(logits, md, apply_truncation=truncation, all_greedy=all_greedy)
         self._slot = {s.seq_id: i for i, s in enumerate(members)}
         max_k = max(ks_by_row)
@@ -77,8 +78,7 @@ class DraftProposer:
             # always k - 1 rounds for the configured k (rows near max_tokens sit the last ones out): one
             # compiled shape per batch size, not one more per shorter proposal at the end of a request
             rounds = max((runner.query_width or 0) - 2, max_k - 1)
-            runner._note(("draft_rounds", width, tables.shape[1], rounds, md.banned_token_ids.shape[1],
-                          truncation, all_greedy))
+            runner._note(("draft_rounds", width, tables.shape[1], rounds, id_widths, truncation, all_greedy))
             rest, q_rest, runner.kv_cache = self._rounds_fn(
                 runner.params, runner.kv_cache, first, tables, first_pos, rounds_left, md,
                 rounds=rounds, apply_truncation=truncation, all_greedy=all_greedy)
