@@ -5,8 +5,9 @@
   ``bench.hardware.measure_bandwidth`` (the probe the other benchmarks scale by).
 * ``tiny-model DIR``: a random tiny Llama in HF format (config.json + model.safetensors, numpy only), so
   the suite's smoke mode can run the engine end to end on a CPU.
-* ``summary --out-dir D --stages F``: reads every JSON the suite wrote and the stage log, writes
-  ``summary.json`` and prints the compact table the suite ends with.
+* ``summary --out-dir D --stages F [--spec S]``: reads every JSON the suite wrote and the stage log (and the
+  spec bench's JSON, embedded whole: the device tool returns at most 8 files), writes ``summary.json`` and
+  prints the compact table the suite ends with.
 """
 
 from __future__ import annotations
@@ -148,11 +149,21 @@ def latency_summary(payload: dict | None) -> dict | None:
             "recompiles_after_warmup": payload.get("recompiles_after_warmup"), "batches": rows}
 
 
+def spec_summary(payload: dict | None) -> dict | None:
+    """The spec bench's rows, compact (its per-pass times and per-position acceptance dropped)."""
+    if not payload:
+        return None
+    keep = ("task", "batch_size", "method", "tok_per_s", "speedup", "acceptance_rate", "mean_tokens_per_seq_step",
+            "greedy_identical", "compilations_in_timed_run")
+    return {"dtype": payload.get("dtype"), "k": payload.get("k"), "output_len": payload.get("output_len"),
+            "rows": [{key: r.get(key) for key in keep} for r in payload.get("results", [])]}
+
+
 def _fmt(v, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def summarize(out_dir: Path, stages_file: Path | None) -> dict:
+def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = None) -> dict:
     stages = []
     if stages_file and stages_file.is_file():
         stages = [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()]
@@ -171,6 +182,7 @@ def summarize(out_dir: Path, stages_file: Path | None) -> dict:
         "kernel_check": kernel_summary(_load(out_dir / "kernels_check.json")),
         "kernel_sweep": kernel_summary(_load(out_dir / "kernels.json")),
         "latency": {p.stem: latency_summary(_load(p)) for p in sorted(out_dir.glob("latency_*.json"))},
+        "spec": spec_summary(_load(spec_file)) if spec_file else None,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print_summary(summary)
@@ -220,6 +232,11 @@ def print_summary(s: dict) -> None:
         parts = [f"b{b}: TPOT {_fmt(r['tpot_ms'], '.2f')} ms, floor {_fmt(r['floor_ms'], '.2f')} ms "
                  f"({_fmt(r['floor_over_tpot'], '.0%')})" for b, r in lat["batches"].items()]
         lines.append(f"{name}: " + " | ".join(parts) + f" | recompiles {lat['recompiles_after_warmup']}")
+    sp = s.get("spec")
+    if sp:
+        cells = [f"{r['task']} b{r['batch_size']} {r['method']} {_fmt(r['speedup'], '.2f')}x"
+                 f"{'' if r['greedy_identical'] else ' NOT IDENTICAL'}" for r in sp["rows"] if r["method"] != "off"]
+        lines.append(f"spec (k={sp['k']}, {sp['dtype']}): " + " | ".join(cells))
     print("\n".join(lines), flush=True)
 
 
@@ -238,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("summary")
     s.add_argument("--out-dir", required=True)
     s.add_argument("--stages", default=None)
+    s.add_argument("--spec", default=None, help="the spec bench's JSON (embedded in summary.json)")
     args = p.parse_args(argv)
     if args.cmd == "ceilings":
         payload = measure_ceilings(args.copy_bytes, args.matmul_size)
@@ -248,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "tiny-model":
         print(f"wrote {write_tiny_model(Path(args.path))}")
     else:
-        summarize(Path(args.out_dir), Path(args.stages) if args.stages else None)
+        summarize(Path(args.out_dir), Path(args.stages) if args.stages else None,
+                  Path(args.spec) if args.spec else None)
     return 0
 
 

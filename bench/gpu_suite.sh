@@ -11,10 +11,12 @@
 #   2. kernel_check  ragged paged attention vs its reference on the device, odd shapes/knobs (not timed)
 #   3. kernel_sweep  `jaxinfer-bench kernels`: correctness, then kernel vs XLA time, % of bandwidth
 #   4. latency_*     end-to-end decode TPOT at batch 1 and 16 next to its floor (pallas, then xla, then 0.5B)
-#   5. summary       summary.json and the compact table printed last
+#   5. spec          `jaxinfer-bench spec` on the embedded models (float32, batch 1 and 16): speculation's
+#                    speedup, acceptance and greedy identity; its JSON is kept inside summary.json
+#   6. summary       summary.json and the compact table printed last
 # On the device machine, one call: `OUT=$OUT bash bench/gpu_suite.sh` with a timeout_s of about 540.
-# $OUT receives at most 8 files: suite.log, summary.json, ceilings.json, kernels_check.json, kernels.json
-# and three latency_*.json.
+# $OUT receives at most 8 files (the device tool's limit): suite.log, summary.json, ceilings.json,
+# kernels_check.json, kernels.json and three latency_*.json (spec.json stays in the scratch folder).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -40,7 +42,9 @@ if [ "$SMOKE" = "1" ]; then
   LAT_COMMON=(--dtype float32 --batch-sizes 1 2 --input-len 8 --output-len 8)
   LAT_BIG=(--model "$MODEL_DIR"); LAT_BIG_NAME=tiny
   LAT_SMALL=(--model "$MODEL_DIR"); LAT_SMALL_NAME=tiny_again
-  LIMITS=(ceilings=60 kernel_check=120 kernel_sweep=150 latency_big_pallas=150 latency_big_xla=90 latency_small=90)
+  SPEC_ARGS=(--batch-sizes 1 --tasks copy --passage-tokens 48 --output-len 16 --repeats 1 --warmup-passes 2)
+  LIMITS=(ceilings=60 kernel_check=120 kernel_sweep=150 latency_big_pallas=150 latency_big_xla=90 latency_small=90
+          spec=240)
 else
   CEIL_ARGS=(--copy-bytes $((4 << 30)) --matmul-size 8192)
   CHECK_ARGS=(--cases gpu-check --timing off)
@@ -50,7 +54,9 @@ else
   LAT_COMMON=(--dtype bfloat16 --batch-sizes 1 16 --input-len 64 --output-len 64)
   LAT_BIG=(--model random:llama-2-7b); LAT_BIG_NAME=llama2_7b
   LAT_SMALL=(--model random:qwen2.5-0.5b); LAT_SMALL_NAME=qwen2.5_0.5b
-  LIMITS=(ceilings=50 kernel_check=75 kernel_sweep=150 latency_big_pallas=120 latency_big_xla=100 latency_small=70)
+  SPEC_ARGS=(--batch-sizes 1 16 --repeats 3 --warmup-passes 6)
+  LIMITS=(ceilings=50 kernel_check=75 kernel_sweep=150 latency_big_pallas=120 latency_big_xla=100 latency_small=70
+          spec=120)
 fi
 
 limit_of() { local kv; for kv in "${LIMITS[@]}"; do [ "${kv%%=*}" = "$1" ] && echo "${kv#*=}"; done; }
@@ -101,8 +107,10 @@ run_stage latency_big_xla "$PY" -m bench.cli latency "${LAT_BIG[@]}" "${LAT_COMM
   --attention-backend xla --output "$OUT/latency_${LAT_BIG_NAME}_xla.json"
 run_stage latency_small "$PY" -m bench.cli latency "${LAT_SMALL[@]}" "${LAT_COMMON[@]}" \
   --attention-backend pallas --output "$OUT/latency_${LAT_SMALL_NAME}_pallas.json"
+run_stage spec "$PY" -m bench.cli spec --dtype float32 "${SPEC_ARGS[@]}" --output "$WORK/spec.json"
 
 echo "=== summary (t=$(( $(date +%s) - START ))s)" | tee -a "$LOG"
-timeout 60 "$PY" -m bench.gpu_suite summary --out-dir "$OUT" --stages "$STAGES" 2>&1 | tee -a "$LOG"
+timeout 60 "$PY" -m bench.gpu_suite summary --out-dir "$OUT" --stages "$STAGES" --spec "$WORK/spec.json" 2>&1 \
+  | tee -a "$LOG"
 echo "total $(( $(date +%s) - START ))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 rm -rf "$WORK"

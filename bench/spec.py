@@ -125,7 +125,7 @@ def run(args) -> dict:
         methods["draft"] = {"method": "draft_model", "model": args.draft_model or str(DRAFT_MODEL_DIR),
                             "num_speculative_tokens": args.k, "adaptive": not args.no_adaptive}
     engines = {method: LLM(model=args.model, max_num_seqs=max(args.batch_sizes), speculative_config=spec,
-                           max_model_len=args.passage_tokens * 2 + args.output_len + 64)
+                           max_model_len=args.passage_tokens * 2 + args.output_len + 64, dtype=args.dtype)
                for method, spec in methods.items()}
     tok = engines["off"].get_tokenizer()
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
@@ -161,7 +161,7 @@ def run(args) -> dict:
     for r in results:
         r.pop("tokens")
     payload = {"benchmark": "spec", "machine": hardware.machine_info(), "k": args.k, "output_len": args.output_len,
-               "results": results}
+               "dtype": args.dtype, "results": results}
     report.write_json(args.output, payload)
     return payload
 
@@ -169,6 +169,7 @@ def run(args) -> dict:
 def add_arguments(p) -> None:
     p.add_argument("--model", default=None, help="target model; default: the embedded model")
     p.add_argument("--draft-model", default=None, help="draft model; default: checkpoints/draft if present")
+    p.add_argument("--dtype", default="auto", help="engine dtype (auto: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--tasks", nargs="+", default=["copy", "free"], choices=["copy", "free"])

@@ -179,6 +179,26 @@ def test_suite_summary_reads_the_bench_json(tmp_path):
     assert k["long_kv_bandwidth_fraction_min"] == 0.6 and k["long_kv_best_case"] == "a"
     assert k["failures"] == ["d: boom"] and s["kernel_check"] is None
     assert json.loads((tmp_path / "summary.json").read_text())["stages"][0]["stage"] == "kernel_sweep"
+    assert s["spec"] is None
+
+
+def test_suite_summary_embeds_the_spec_bench(tmp_path, capsys):
+    row = {"task": "copy", "batch_size": 1, "tok_per_s": 10.0, "acceptance_rate": 0.9, "mean_tokens_per_seq_step": 4.0,
+           "compilations_in_timed_run": 0, "pass_seconds": [1.0], "per_position_acceptance": [0.9]}
+    spec = {"benchmark": "spec", "dtype": "float32", "k": 4, "output_len": 128,
+            "results": [{**row, "method": "off", "speedup": 1.0, "greedy_identical": True},
+                        {**row, "method": "ngram", "speedup": 3.1, "greedy_identical": True},
+                        {**row, "method": "draft", "speedup": 1.9, "greedy_identical": False}]}
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / "spec.json").write_text(json.dumps(spec))
+    s = gpu_suite.summarize(tmp_path, None, tmp_path / "scratch" / "spec.json")
+    rows = s["spec"]["rows"]
+    assert [r["method"] for r in rows] == ["off", "ngram", "draft"] and rows[1]["speedup"] == 3.1
+    assert "pass_seconds" not in rows[0] and s["spec"]["dtype"] == "float32"
+    assert json.loads((tmp_path / "summary.json").read_text())["spec"] == s["spec"]
+    out = capsys.readouterr().out
+    assert "copy b1 ngram 3.10x" in out and "copy b1 draft 1.90x NOT IDENTICAL" in out
+    assert gpu_suite.summarize(tmp_path, None, tmp_path / "missing.json")["spec"] is None
 
 
 def _abstract_h200():
