@@ -26,7 +26,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.sampler import SamplingMetadata, adjusted_logits, first_argmax, processed_logits, row_keys
+from jaxinfer.sampler import (SamplingMetadata, adjusted_logits, first_argmax, processed_logits, raw_logprob_outputs,
+                              row_keys)
 
 
 @jax.tree_util.register_dataclass
@@ -57,7 +58,7 @@ def verify(
     if all_greedy:
         target_ids = first_argmax(adjusted_logits(logits, md, with_penalties=False))
         accepted = (draft_tokens >= 0) & (draft_tokens == target_ids)
-        return VerifyOutput(accepted, target_ids, *_raw_logprobs(logits, target_ids, num_logprobs))
+        return VerifyOutput(accepted, target_ids, *raw_logprob_outputs(logits, target_ids, num_logprobs))
     vocab = logits.shape[-1]
     target = jax.nn.softmax(
         processed_logits(logits, md, apply_penalties=False, apply_truncation=apply_truncation), axis=-1
@@ -83,19 +84,7 @@ def verify(
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(resample_keys)
     resampled = jnp.argmax(jnp.log(residual) + gumbel, axis=-1).astype(jnp.int32)
     tokens = jnp.where(accepted, d, resampled).astype(jnp.int32)
-    return VerifyOutput(accepted, tokens, *_raw_logprobs(logits, tokens, num_logprobs))
-
-
-def _raw_logprobs(logits, tokens, num_logprobs: int):
-    """(logprob of each row's token, top-``num_logprobs`` ids, their logprobs) under the raw distribution."""
-    raw = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    token_logprobs = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
-    if num_logprobs:
-        topk_logprobs, topk_ids = jax.lax.top_k(raw, num_logprobs)
-    else:
-        topk_logprobs = jnp.zeros((logits.shape[0], 0), jnp.float32)
-        topk_ids = jnp.zeros((logits.shape[0], 0), jnp.int32)
-    return token_logprobs, topk_ids.astype(jnp.int32), topk_logprobs
+    return VerifyOutput(accepted, tokens, *raw_logprob_outputs(logits, tokens, num_logprobs))
 
 
 def draft_sample(logits: jax.Array, md: SamplingMetadata, *, apply_truncation: bool, all_greedy: bool = False):

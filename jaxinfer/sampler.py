@@ -277,9 +277,10 @@ def row_keys(seeds: jax.Array, steps: jax.Array) -> jax.Array:
     return jax.vmap(lambda seed, step: jax.random.fold_in(jax.random.key(seed), step))(seeds, steps)
 
 
-def _raw_logprob_outputs(
+def raw_logprob_outputs(
     logits: jax.Array, tokens: jax.Array, num_logprobs: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(logprob of each row's token, top-``num_logprobs`` ids, their logprobs) under the raw distribution."""
     raw = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     token_logprobs = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
     if num_logprobs == 0:
@@ -333,5 +334,5 @@ def sample(
             row_keys(md.seeds, md.steps)
         )
         tokens = first_argmax(final + noise)
-    token_logprobs, topk_ids, topk_logprobs = _raw_logprob_outputs(logits, tokens, num_logprobs)
+    token_logprobs, topk_ids, topk_logprobs = raw_logprob_outputs(logits, tokens, num_logprobs)
     return SamplerOutput(tokens, token_logprobs, topk_ids, topk_logprobs)
