@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench import hardware, report
 from jaxinfer import LLM, SamplingParams
+from jaxinfer.engine_config import DTYPES
 from jaxinfer.model_source import DRAFT_MODEL_DIR
 
 
@@ -169,7 +170,8 @@ def run(args) -> dict:
 def add_arguments(p) -> None:
     p.add_argument("--model", default=None, help="target model; default: the embedded model")
     p.add_argument("--draft-model", default=None, help="draft model; default: checkpoints/draft if present")
-    p.add_argument("--dtype", default="auto", help="engine dtype (auto: float32 on CPU, bfloat16 on GPU)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="engine dtype (auto: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--tasks", nargs="+", default=["copy", "free"], choices=["copy", "free"])

@@ -114,6 +114,9 @@ def test_own_draft_with_uneven_room_and_sampling(hf_checkpoints, reference):
     assert [o.outputs[0].token_ids for o in outs] == [ref[:n] for ref, n in zip(reference, lengths)]
     s = llm.llm_engine.stats()
     assert s["num_accepted_tokens"] == s["num_draft_tokens"] > 20
+    # shorter proposals near max_tokens ran in the same compiled rounds (k - 1 = 3), not in new shapes
+    rounds = {sig[3] for sig in llm.llm_engine.draft_runner._signatures if sig[0] == "draft_rounds"}
+    assert rounds == {3}
     before = s
     sampled = SamplingParams(temperature=0.8, top_k=20, max_tokens=24, ignore_eos=True, seed=3)
     outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], sampled, use_tqdm=False)
