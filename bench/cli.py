@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import compare, kernels, latency, prefix, serve, serve_model, spec
+from bench import compare, kernels, latency, prefix, serve, serve_model, spec, startup
 
 EXPERIMENTS = {
     "latency": latency,
@@ -16,6 +16,7 @@ EXPERIMENTS = {
     "serve": serve,
     "prefix": prefix,
     "serve-model": serve_model,
+    "startup": startup,
 }
 
 

@@ -176,7 +176,7 @@ class CaseInputs:
     block_tables: tuple[jax.Array, ...]  # one [S, MB] table per disjoint page set
     cu_q_lens: jax.Array  # [S + 1], S = bucket(batch); padding slots repeat the last value
     kv_lens: jax.Array  # [S]; 0 for padding slots
-    max_q_len: int  # static bound for the XLA path (as the engine buckets it)
+    query_width: int | None  # the XLA path's step kind, as the engine plans it (1: decode; None: mixed)
 
 
 def build_inputs(case: KernelCase, dtype, num_sets: int, seed: int = 0) -> CaseInputs:
@@ -212,7 +212,7 @@ def build_inputs(case: KernelCase, dtype, num_sets: int, seed: int = 0) -> CaseI
         q=jax.random.normal(kq, (num_tokens, h.num_q_heads, h.head_dim), jnp.float32).astype(dtype),
         k_cache=make_cache(kk, poison), v_cache=make_cache(kv, poison), block_tables=tuple(tables),
         cu_q_lens=jnp.asarray(cu_q_lens), kv_lens=jnp.asarray(kv_lens),
-        max_q_len=min(_bucket(max(case.q_lens)), num_tokens))
+        query_width=1 if max(case.q_lens) == 1 else None)
 
 
 def kv_bytes(case: KernelCase, itemsize: int) -> int:
@@ -335,9 +335,9 @@ def _kernel_fn(case: KernelCase, sm_scale: float):
         num_kv_splits=case.num_kv_splits)
 
 
-def _xla_fn(case: KernelCase, sm_scale: float, max_q_len: int):
+def _xla_fn(case: KernelCase, sm_scale: float, query_width: int | None):
     return lambda q, k, v, table, cu, kv: xla_ragged_paged_attention(
-        q, k, v, table, cu, kv, sm_scale=sm_scale, max_q_len=max_q_len, sliding_window=case.sliding_window)
+        q, k, v, table, cu, kv, sm_scale=sm_scale, query_width=query_width, sliding_window=case.sliding_window)
 
 
 def over_page_sets(fn):
@@ -414,7 +414,7 @@ def run_case(case: KernelCase, opts: RunOptions, seed: int = 0) -> dict:
         xla_fn, xla_check, xla_note = None, None, "XLA path would exceed --xla-memory-limit-gb"
         if xla_fits:
             try:  # the XLA path is the baseline: its failure is recorded, the kernel's case goes on
-                xla_fn = over_page_sets(_xla_fn(case, sm_scale, inputs.max_q_len))
+                xla_fn = over_page_sets(_xla_fn(case, sm_scale, inputs.query_width))
                 xla_out = _as_f32(xla_fn(*_args(inputs))[0])
                 xla_check, xla_note = compare_outputs(xla_out[rows], ref, opts.dtype, xla_out[case.num_tokens:]), None
             except Exception as e:

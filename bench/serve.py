@@ -8,12 +8,11 @@ engine's clock (``time.monotonic``), so time spent queued behind a running step 
 in a server. When nothing runs or waits it sleeps until the next arrival. Decoding is greedy with
 ``ignore_eos``, so every request produces exactly its output length.
 
-Before the timed run the same engine replays the same schedule (other prompt tokens) up to
-``--warmup-passes`` times, stopping after two passes in a row that compiled nothing new: on CPU one compilation takes
-seconds, longer than the effect being measured. ``num_compilations`` before and after are reported, and the
-time spent in steps that waited for a compilation ("compile stall"), so a recompile inside the timed run
-shows. (With the engine's background compilation a new shape usually runs padded in a larger compiled one
-while it compiles; ``num_fallback_steps`` counts those steps.)
+The same engine replays the same schedule ``--passes`` times (default 3), each pass with other prompt tokens
+(so no pass hits what an earlier one left in the prefix cache): pass 1 is what a user meets right after
+``LLM(...)`` returns, the last pass is the steady state; both are reported. The engine compiles its whole
+shape plan at construction, so no pass should compile anything: the compilations during each pass and
+the time spent in steps that compiled ("compile stall") are reported, so one would show.
 
 Reported per run: TTFT, TPOT (``(finish - first token) / (n_out - 1)``), ITL (gaps between a request's
 consecutive tokens, as seen by the driver after each step) and end-to-end latency, each at P50/P90/P99;
@@ -132,7 +131,7 @@ class StepSample:
     num_running: int  # sequences in the batch of this step
     num_waiting: int  # requests queued when it returned (in the engine, or arrived during the step)
     duration_s: float  # wall time of engine.step()
-    compiled: bool  # the step waited for a compilation (a shape nothing compiled could hold)
+    compiled: bool  # something compiled during the step (never, once the plan is compiled at start)
 
 
 @dataclasses.dataclass
@@ -152,7 +151,7 @@ def replay(engine, workload: list[TimedRequest], params_for: Callable[[TimedRequ
     token_times: dict[str, list[float]] = {r.request_id: [] for r in workload}
     outputs: dict[str, RequestOutput] = {}
     steps: list[StepSample] = []
-    compilations_before = engine.stats()["num_compilations"]
+    compilations_before = engine.stats()["num_compilations_after_start"]
     nxt = 0
     start = time.monotonic()
     while True:
@@ -172,7 +171,7 @@ def replay(engine, workload: list[TimedRequest], params_for: Callable[[TimedRequ
         t_step = time.monotonic()
         outs = engine.step()
         t = time.monotonic()
-        steps_before, compiled_before = stats["num_steps"], stats["num_blocking_compilations"]
+        steps_before, compiled_before = stats["num_steps"], stats["num_compilations_after_start"]
         stats = engine.stats()
         if stats["num_steps"] == steps_before:  # nothing scheduled: a static batch is still forming
             time.sleep(max(0.0, min(_POLL_S, next_arrival - t)))
@@ -187,8 +186,9 @@ def replay(engine, workload: list[TimedRequest], params_for: Callable[[TimedRequ
         arrived_during_step = bisect.bisect_right(arrivals, t - start) - nxt
         steps.append(StepSample(t - start, stats["num_running"] + num_finished,
                                 stats["num_waiting"] + arrived_during_step, t - t_step,
-                                stats["num_blocking_compilations"] > compiled_before))
-    return Trace(start, outputs, token_times, steps, compilations_before, engine.stats()["num_compilations"])
+                                stats["num_compilations_after_start"] > compiled_before))
+    return Trace(start, outputs, token_times, steps, compilations_before,
+                 engine.stats()["num_compilations_after_start"])
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -256,34 +256,36 @@ def engine_kwargs(args, spec, **overrides) -> dict:
     return kw
 
 
-def measure(llm: LLM, build_workload: Callable[[int, str], list[TimedRequest]], warmup_passes: int,
+def measure(llm: LLM, build_workload: Callable[[int, str], list[TimedRequest]], passes: int,
             params_for: Callable[[TimedRequest], SamplingParams] = greedy_params) -> dict:
-    """Warm up ``llm``'s engine, then replay the timed workload once and summarize it.
+    """Replay the workload ``passes`` times on ``llm``'s engine and summarize each pass.
 
     ``build_workload(token_variant, id_prefix)`` must give the same schedule and lengths for every variant
-    and different tokens: variant 0 is timed; warm-up pass k replays variant k + 1 (so nothing the timed run
-    computes is in the prefix cache). Warm-up stops early after two passes in a row compiled nothing new.
+    and different tokens (so nothing a pass computes is in the prefix cache from an earlier one): the last
+    pass replays variant 0 with ids "req-*", earlier pass k variant k + 1. Returns the last pass's summary
+    (the steady state) with ``first_pass``, the first pass's summary without its per-request records (what a
+    user meets right after start).
     """
     engine = llm.llm_engine
-    before = engine.stats()["num_compilations"]
-    passes = []
-    for k in range(warmup_passes):
-        trace = replay(engine, build_workload(k + 1, f"warmup{k}"), params_for)
-        engine.wait_for_compilations()
-        trace.num_compilations_after = engine.stats()["num_compilations"]
-        passes.append(trace.num_compilations_after - trace.num_compilations_before)
-        if passes[-2:] == [0, 0]:  # two passes in a row compiled nothing new
-            break
-    stats_before = engine.stats()
-    workload = build_workload(0, "req")
-    summary = summarize(replay(engine, workload, params_for), workload)
-    stats_after = engine.stats()
-    summary["num_compilations"] = {"before_warmup": before, "after_warmup": stats_before["num_compilations"],
-                                   "after_run": stats_after["num_compilations"], "per_warmup_pass": passes}
-    summary["stats_during_run"] = {k: v - stats_before[k] for k, v in stats_after.items()
-                                   if isinstance(v, (int, float)) and k not in ("free_blocks", "total_blocks",
-                                                                                "num_running", "num_waiting")}
-    return summary
+    summaries = []
+    for k in range(passes):
+        stats_before = engine.stats()
+        last = k == passes - 1
+        workload = build_workload(0, "req") if last else build_workload(k + 1, f"pass{k}")
+        summary = summarize(replay(engine, workload, params_for), workload)
+        stats_after = engine.stats()
+        summary["stats_during_run"] = {key: v - stats_before[key] for key, v in stats_after.items()
+                                       if isinstance(v, (int, float)) and not isinstance(v, bool) and key not in
+                                       ("free_blocks", "total_blocks", "num_running", "num_waiting")}
+        summaries.append(summary)
+    steady = summaries[-1]
+    first = {key: v for key, v in summaries[0].items() if key not in ("requests", "occupancy")}
+    steady["first_pass"] = first
+    steady["passes"] = [{"e2e_p50_s": r["e2e_s"]["p50"], "ttft_p50_s": r["ttft_s"]["p50"],
+                         "output_throughput_tok_s": r["output_throughput_tok_s"],
+                         "num_compilations_during_run": r["num_compilations_during_run"]} for r in summaries]
+    steady["num_compilations_after_start"] = engine.stats()["num_compilations_after_start"]
+    return steady
 
 
 def workload_spec(args) -> WorkloadSpec:
@@ -303,21 +305,21 @@ def _ms(x: float) -> float:
 
 def _print_runs(runs: dict, spec: WorkloadSpec, args, model_info: dict) -> None:
     rows = []
-    for mode, r in runs.items():
-        c = r["num_compilations"]
-        rows.append([mode, _ms(r["e2e_s"]["p50"]), _ms(r["e2e_s"]["p90"]), _ms(r["e2e_s"]["p99"]),
-                     _ms(r["ttft_s"]["p50"]), _ms(r["ttft_s"]["p99"]), _ms(r["tpot_s"]["p50"]),
-                     _ms(r["itl_s"]["p50"]), _ms(r["itl_s"]["p99"]), r["output_throughput_tok_s"],
-                     r["makespan_s"], r["mean_batch_occupancy"],
-                     f"{c['before_warmup']}->{c['after_warmup']}->{c['after_run']}", r["compile_stall_s"]])
+    for mode, steady in runs.items():
+        for label, r in (("first pass", steady["first_pass"]), (f"pass {len(steady['passes'])}", steady)):
+            rows.append([mode, label, _ms(r["e2e_s"]["p50"]), _ms(r["e2e_s"]["p90"]), _ms(r["e2e_s"]["p99"]),
+                         _ms(r["ttft_s"]["p50"]), _ms(r["ttft_s"]["p99"]), _ms(r["tpot_s"]["p50"]),
+                         _ms(r["itl_s"]["p50"]), _ms(r["itl_s"]["p99"]), r["output_throughput_tok_s"],
+                         r["makespan_s"], r["mean_batch_occupancy"], r["num_compilations_during_run"],
+                         r["compile_stall_s"]])
     report.print_table(
         f"serving — {model_info['model']} ({model_info['num_params'] / 1e6:.1f}M params, {model_info['dtype']}); "
         f"{spec.num_requests} requests at {spec.rate} req/s (burstiness {spec.burstiness}), input "
         f"{spec.input_len_range[0]}..{spec.input_len_range[1]}, output {spec.output_len_range[0]}.."
         f"{spec.output_len_range[1]} tokens (offered {spec.offered_output_tok_s:.0f} out tok/s), max_num_seqs "
         f"{args.max_num_seqs}",
-        ["batching", "E2E P50 ms", "E2E P90 ms", "E2E P99 ms", "TTFT P50 ms", "TTFT P99 ms", "TPOT P50 ms",
-         "ITL P50 ms", "ITL P99 ms", "out tok/s", "makespan s", "mean batch", "compiles warm->run", "compile stall s"],
+        ["batching", "pass", "E2E P50 ms", "E2E P90 ms", "E2E P99 ms", "TTFT P50 ms", "TTFT P99 ms", "TPOT P50 ms",
+         "ITL P50 ms", "ITL P99 ms", "out tok/s", "makespan s", "mean batch", "compiles", "compile stall s"],
         rows)
 
 
@@ -344,20 +346,22 @@ def run(args) -> dict:
         model_info = {"model": engine.model_source, "num_params": engine.model_config.num_params,
                       "dtype": np.dtype(engine.dtype).name}
         vocab = engine.model_config.vocab_size
-        runs[mode] = {"batching": mode, **measure(
-            llm, lambda variant, prefix: make_workload(spec, vocab, variant, prefix), args.warmup_passes)}
+        runs[mode] = {"batching": mode, "start_s": engine.warm_up_report.seconds if engine.warm_up_report else None,
+                      **measure(llm, lambda variant, prefix: make_workload(spec, vocab, variant, prefix), args.passes)}
         del llm, engine
         gc.collect()
     _print_runs(runs, spec, args, model_info)
     ratios = None
     if args.compare:
         ratios = compare_ratios(runs["static"], runs["continuous"])
+        ratios["first_pass"] = compare_ratios(runs["static"]["first_pass"], runs["continuous"]["first_pass"])
         report.print_table(
             "static / continuous (seed, vLLM A100: P50 6.36->2.41 s = 2.64x, throughput 717->705 tok/s = 0.98x; "
             "target P50 >= 2.6x at throughput within 5%)",
-            ["E2E P50 static/cont", "E2E P90 static/cont", "E2E P99 static/cont", "TTFT P50 static/cont",
+            ["pass", "E2E P50 static/cont", "E2E P90 static/cont", "E2E P99 static/cont", "TTFT P50 static/cont",
              "throughput cont/static"],
-            [list(ratios.values())])
+            [["first", *ratios["first_pass"].values()],
+             ["steady", *[v for k, v in ratios.items() if k != "first_pass"]]])
     plots = {}
     if args.plot:
         from bench import plots as plots_lib
@@ -367,7 +371,7 @@ def run(args) -> dict:
                "workload": {**dataclasses.asdict(spec), "offered_output_tok_s": spec.offered_output_tok_s},
                "engine": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                           "static_batch_timeout_s": args.static_batch_timeout, "max_model_len": spec.max_len},
-               "warmup_passes": args.warmup_passes, "runs": runs, "ratios": ratios, "plots": plots}
+               "passes": args.passes, "runs": runs, "ratios": ratios, "plots": plots}
     report.write_json(args.output, payload)
     return payload
 
@@ -381,9 +385,9 @@ def add_common_arguments(p) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps; 1.0 = Poisson")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup-passes", type=int, default=6,
-                   help="replay the schedule (other tokens) up to N times before the timed run, stopping after two "
-                        "passes in a row that compile nothing new; 0 = no warm-up")
+    p.add_argument("--passes", type=report.positive_int, default=3,
+                   help="replay the schedule (other prompt tokens each time) N times on the same engine; the first "
+                        "and the last pass are reported (first use after start vs steady state)")
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--output", default=None, help="write the results as JSON here")
 

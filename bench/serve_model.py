@@ -144,7 +144,7 @@ def run(args) -> dict:
     spec = serve.workload_spec(args)
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=max(spec.max_len, max(FIT_PROMPT_LENS) + 64),
               max_num_seqs=max(args.max_num_seqs, max(FIT_BATCHES)), max_num_batched_tokens=args.max_num_batched_tokens,
-              background_compilation=False, enable_prefix_caching=False, seed=args.seed)
+              enable_prefix_caching=False, seed=args.seed)
     fit = fit_cost(measure_steps(llm, args.seed))
     a, b, c, p, r = (fit[k] for k in ("a_s", "b_s_per_seq", "c_s_per_context_token", "p_s_per_prefill_token",
                                       "r_s_per_prefill_pair"))

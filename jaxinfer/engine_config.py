@@ -7,6 +7,7 @@ from typing import Any
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+COMPILATION_MODES = ("eager", "lazy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,9 +26,11 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     static_batch_timeout_s: float = 0.5
     attention_backend: str = "auto"
-    # Compile new step shapes on a background thread, running steps padded into an already-compiled larger
-    # shape meanwhile (see jaxinfer.step_executables); False: every new shape waits for its compilation.
-    background_compilation: bool = True
+    # "eager": LLM(...) compiles every executable of the shape plan before it returns (jaxinfer.shape_plan),
+    # so nothing compiles while requests are served; "lazy": each executable compiles on first use.
+    compilation: str = "eager"
+    enable_compilation_cache: bool = True  # load / store compiled executables on disk (jaxinfer.compile_cache)
+    compilation_cache_dir: str | None = None  # None: $JAXINFER_CACHE_DIR or ~/.cache/jaxinfer
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
     quantization: str | None = None
@@ -41,7 +44,9 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size!r}")
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "background_compilation"):
+        if self.compilation not in COMPILATION_MODES:
+            raise ValueError(f"compilation must be one of {COMPILATION_MODES}, got {self.compilation!r}")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enable_compilation_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):

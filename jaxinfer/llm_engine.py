@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
+import warnings
 from typing import Any, Iterable
 
 import jax
@@ -18,13 +20,17 @@ import numpy as np
 
 from jaxinfer import host_allocator
 from jaxinfer.block_manager import BlockManager
+from jaxinfer.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
+from jaxinfer.compile_monitor import CompileWatch
 from jaxinfer.engine_config import EngineConfig
+from jaxinfer.executables import warm_up
 from jaxinfer.kv_cache import kv_cache_bytes_per_block
 from jaxinfer.model_source import load_model, resolve_dtype
 from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxinfer.runner import ModelRunner
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import Scheduler, SchedulerConfig
+from jaxinfer.shape_plan import ShapePlan
 from jaxinfer.draft_proposer import DraftProposer
 from jaxinfer.ngram_proposer import propose_ngram
 from jaxinfer.sequence import Sequence, SequenceStatus
@@ -33,6 +39,7 @@ from jaxinfer.spec_controller import SpecController
 from jaxinfer.tokenizer import IncrementalDetokenizer, check_stop
 
 DEFAULT_CPU_KV_BYTES = 2 << 30
+logger = logging.getLogger("jaxinfer")
 
 
 @dataclasses.dataclass
@@ -86,23 +93,50 @@ class LLMEngine:
         self.scheduler = Scheduler(sched_cfg, self.block_manager)
         spec = SpeculativeConfig.from_dict(config.speculative_config) if config.speculative_config else None
         self.query_width = 1 + spec.num_speculative_tokens if spec is not None else None
+        # EOS and stop ids are banned until min_tokens: a fixed-width matrix (one compiled shape)
+        self.banned_width = max(16, -(-(len(self.eos_token_ids) + 8) // 8) * 8)
+        self._cache = self._executable_cache()
+        self._runner_kwargs = dict(num_blocks=self.num_blocks, block_size=config.block_size,
+                                   max_model_len=self.max_model_len, kv_dtype=self.dtype, attention_backend=backend,
+                                   eos_token_ids=self.eos_token_ids, banned_width=self.banned_width, cache=self._cache)
+        draft_model = spec is not None and spec.method == "draft_model"
         self.runner = ModelRunner(
-            cfg,
-            params,
-            num_blocks=self.num_blocks,
-            block_size=config.block_size,
-            max_model_len=self.max_model_len,
-            kv_dtype=self.dtype,
-            attention_backend=backend,
-            eos_token_ids=self.eos_token_ids,
-            query_width=self.query_width,
-            background_compilation=config.background_compilation,
+            cfg, params, plan=self._plan("all"), name="target",
+            draft_q_shape=(spec.num_speculative_tokens, self._plan("all").seq_buckets[-1]) if draft_model else None,
+            **self._runner_kwargs,
         )
         self._setup_speculation(spec)
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
         self.num_steps = 0
+        self.num_compilations_after_start = 0
+        self._compile_events = 0  # compilations seen during steps (any kind): speculation timing skips them
+        self._unplanned_seen = 0
+        self._watch = CompileWatch()
+        self.warm_up_report = None
+        plan = self._plan_keys()
+        logger.info("shape plan: %d executables (%d step shapes)", sum(len(k) for _, k in plan),
+                    sum(1 for _, keys in plan for k in keys if k[0] == "step"))
+        if config.compilation == "eager":
+            self.warm_up_report = warm_up(plan)  # marks every runner's executables as started
+
+    def _plan(self, verify_logits: str) -> ShapePlan:
+        c = self.config
+        return ShapePlan(c.max_num_seqs, c.max_num_batched_tokens, self.query_width, verify_logits)
+
+    def _plan_keys(self) -> list:
+        """(executables, keys) of every runner: what warm-up compiles."""
+        plan = [(self.runner.executables, self.runner.plan_keys())]
+        if isinstance(self.proposer, DraftProposer):
+            plan.append((self.draft_runner.executables, self.proposer.plan_keys()))
+        return plan
+
+    def _executable_cache(self) -> ExecutableCache | None:
+        c = self.config
+        if not (c.enable_compilation_cache and cache_enabled_by_env()):
+            return None
+        return ExecutableCache(c.compilation_cache_dir or default_cache_dir())
 
     def _setup_speculation(self, sc: SpeculativeConfig | None) -> None:
         self.num_draft_tokens = 0
@@ -133,20 +167,9 @@ class LLMEngine:
                 f"the draft model supports {draft_cfg.max_position_embeddings} positions, less than "
                 f"max_model_len={self.max_model_len}"
             )
-        draft_runner = ModelRunner(
-            draft_cfg,
-            draft_params,
-            num_blocks=self.num_blocks,
-            block_size=self.config.block_size,
-            max_model_len=self.max_model_len,
-            kv_dtype=self.dtype,
-            attention_backend=self.attention_backend,
-            eos_token_ids=self.eos_token_ids,
-            query_width=self.query_width,
-            background_compilation=self.config.background_compilation,
-        )
-        self.draft_runner = draft_runner
-        self.proposer = DraftProposer(draft_runner)
+        self.draft_runner = ModelRunner(draft_cfg, draft_params, plan=self._plan("last"), name="draft",
+                                        **self._runner_kwargs)
+        self.proposer = DraftProposer(self.draft_runner, sc.num_speculative_tokens)
 
     def _num_kv_blocks(self, platform: str) -> int:
         cfg, c = self.model_config, self.config
@@ -227,6 +250,11 @@ class LLMEngine:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
                 f"({self.max_model_len})"
             )
+        if params.min_tokens and len(params.stop_token_ids) + len(self.eos_token_ids) > self.banned_width:
+            raise ValueError(
+                f"with min_tokens, at most {self.banned_width - len(self.eos_token_ids)} stop_token_ids can be "
+                f"banned until min_tokens is reached; got {len(params.stop_token_ids)}"
+            )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         return text, ids
@@ -287,11 +315,30 @@ class LLMEngine:
         """One step: schedule -> run (verify any speculative tokens) -> postprocess -> propose for the next.
 
         Returns the outputs of the requests that emitted tokens in this step."""
+        with CompileWatch() as watch:
+            self._watch = watch
+            outputs = self._step()
+        if watch.names:
+            self._compile_events += len(watch.names)
+            self.num_compilations_after_start += len(watch.names)
+            unplanned = len(watch.names) - self._new_unplanned_compilations()
+            if unplanned > 0 and self.config.compilation == "eager":
+                warnings.warn(f"jaxinfer: a step compiled {watch.names} after start (an operation outside the "
+                              "compiled plan; please report it)", RuntimeWarning, stacklevel=2)
+        return outputs
+
+    def _new_unplanned_compilations(self) -> int:
+        """Compilations of plan-keyed executables since the last call (each already warned about)."""
+        total = sum(len(r.executables.compiled_after_start) for r in self._runners())
+        new, self._unplanned_seen = total - self._unplanned_seen, total
+        return new
+
+    def _step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        draft_probs = self.proposer.probs_for if isinstance(self.proposer, DraftProposer) else None
-        emitted = self.runner.execute(plan.scheduled, draft_probs_for=draft_probs)
+        draft_q = self.proposer.q_for if isinstance(self.proposer, DraftProposer) else None
+        emitted = self.runner.execute(plan.scheduled, draft_q_for=draft_q)
         self.num_steps += 1
         now = time.monotonic()
         touched: dict[str, _Request] = {}
@@ -325,10 +372,9 @@ class LLMEngine:
             # proposals that prepared it (a step that was not prepared by a measured choice is ignored).
             emitted_count = sum(len(tokens) for tokens in emitted.values())
             t = time.perf_counter()
-            compiles = self._num_compilations()
-            if compiles != self._compiles_before_proposal or self._compiling_in_background():
-                # a compilation finished (in the foreground: the cycle waited for it; in the background: it
-                # shared the CPU) or is still running: the cycle's time is not the arm's
+            compiles = self._compile_events + len(self._watch.names)
+            if compiles != self._compiles_before_proposal:
+                # something compiled during the cycle (lazy mode): its time is not the arm's
                 self.spec_controller.discard_step()
             else:
                 self.spec_controller.record_step(emitted_count, t - self._proposed_at + self._propose_seconds)
@@ -350,7 +396,12 @@ class LLMEngine:
             return 0
         decoding = [q for q in self.scheduler.running if q.num_computed_tokens == q.num_tokens - 1]
         prefilling = sum(q.num_tokens - q.num_computed_tokens for q in self.scheduler.running) - len(decoding)
-        k = self.spec_controller.choose_k(len(decoding), prefilling)
+        sched = self.scheduler
+        admits = (self.config.batching == "continuous" and sched.waiting
+                  and len(sched.running) < self.config.max_num_seqs)
+        k = self.spec_controller.choose_k(len(decoding), prefilling or int(bool(admits)))
+        if prefilling or admits:
+            return 0  # the next step computes a prefill chunk: the scheduler would drop the drafts
         seqs, ks = [], []
         for q in decoding:
             p = q.params
@@ -434,17 +485,6 @@ class LLMEngine:
     def _runners(self) -> list:
         return [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
 
-    def _num_compilations(self) -> int:
-        return sum(r.num_compilations for r in self._runners())
-
-    def _compiling_in_background(self) -> bool:
-        return any(r.executables.compiling for r in self._runners())
-
-    def wait_for_compilations(self) -> None:
-        """Block until the step shapes compiling in the background are ready (benchmarks' warm-up)."""
-        for r in self._runners():
-            r.executables.wait()
-
     # -------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
         bm = self.block_manager
@@ -461,9 +501,10 @@ class LLMEngine:
             "prefix_cache_miss_tokens": dict(bm.miss_tokens),
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
-            "num_compilations": sum(r.num_compilations for r in runners),
-            "num_blocking_compilations": sum(r.num_blocking_compilations for r in runners),
-            "num_fallback_steps": sum(r.executables.num_fallback_steps for r in runners),
+            "num_compilations": sum(r.num_compilations for r in runners),  # compiled or loaded from disk
+            "num_compilations_after_start": self.num_compilations_after_start,
+            "num_executables_from_cache": sum(r.executables.num_loaded for r in runners),
+            "compilation": self.config.compilation,
             "num_steps": self.num_steps,
             "speculation_arms": self.spec_controller.summary() if self.spec_controller is not None else {},
         }

@@ -40,7 +40,7 @@ class VerifyOutput:
     topk_logprobs: jax.Array  # [R, K] f32
 
 
-@functools.partial(jax.jit, static_argnames=("num_logprobs", "apply_truncation", "all_greedy"))
+@functools.partial(jax.jit, static_argnames=("num_logprobs", "apply_truncation", "all_greedy", "apply_penalties"))
 def verify(
     logits: jax.Array,
     md: SamplingMetadata,
@@ -50,18 +50,21 @@ def verify(
     num_logprobs: int,
     apply_truncation: bool,
     all_greedy: bool = False,
+    apply_penalties: bool = False,
 ) -> VerifyOutput:
     """logits [R, V]; draft_tokens [R] i32 (-1: no draft at this row); draft_probs [R, V] or None (point mass).
 
     ``all_greedy`` (static): every row is greedy (rows with a temperature are then treated as greedy);
-    ``draft_probs`` is not read, since a greedy row accepts its draft iff it is the argmax whatever q is."""
+    ``draft_probs`` is not read, since a greedy row accepts its draft iff it is the argmax whatever q is.
+    ``apply_penalties`` (static): p includes the penalties (only rows without a draft may have any: the
+    engine never speculates for a sequence with penalties, whose p depends on every earlier token)."""
     if all_greedy:
-        target_ids = first_argmax(adjusted_logits(logits, md, with_penalties=False))
+        target_ids = first_argmax(adjusted_logits(logits, md, with_penalties=apply_penalties))
         accepted = (draft_tokens >= 0) & (draft_tokens == target_ids)
         return VerifyOutput(accepted, target_ids, *raw_logprob_outputs(logits, target_ids, num_logprobs))
     vocab = logits.shape[-1]
     target = jax.nn.softmax(
-        processed_logits(logits, md, apply_penalties=False, apply_truncation=apply_truncation), axis=-1
+        processed_logits(logits, md, apply_penalties=apply_penalties, apply_truncation=apply_truncation), axis=-1
     )
     has_draft = draft_tokens >= 0
     d = jnp.clip(draft_tokens, 0, vocab - 1)
@@ -103,5 +106,3 @@ def draft_sample(logits: jax.Array, md: SamplingMetadata, *, apply_truncation: b
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
     return jnp.argmax(final + gumbel, axis=-1).astype(jnp.int32), q
 
-
-draft_sample_jit = jax.jit(draft_sample, static_argnames=("apply_truncation", "all_greedy"))

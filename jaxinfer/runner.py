@@ -1,11 +1,12 @@
 """The model runner: where host-side plans meet device-side arrays.
 
-It owns the params, the paged KV cache and the jitted functions. ``execute(plan)`` plans the step's shape
-(token/sequence/block counts rounded up to buckets so that the set of compiled shapes stays small),
-takes an executable for it from ``StepExecutables`` (which may hand out a larger compiled shape while the
-exact one compiles in the background), packs the plan into a padded ``StepBatch``, runs the step with the
-cache donated, samples the sequences that reached the end of their known tokens, and returns the sampled
-tokens to the host. Every compiled step shape and sampler signature is counted in ``num_compilations``.
+It owns the params, the paged KV cache and the compiled executables of one model (the target, or a draft
+model). ``execute(plan)`` packs the scheduler's plan into one of the planned step shapes (see
+``jaxinfer.shape_plan``), runs the step with the cache donated, then chooses the next tokens — sampling,
+or verifying speculative tokens — in one more compiled call, and returns them to the host.
+
+Every executable is keyed (``("step", StepShape)``, ``("tokens", rows, SamplerVariant)``, ...) and held by
+``jaxinfer.executables.Executables``, which compiles the whole plan at start (``plan_keys``) or on first use.
 """
 
 from __future__ import annotations
@@ -17,34 +18,90 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxinfer import rejection_sampler
 from jaxinfer import sampler as sampler_lib
 from jaxinfer.attention import get_attention_fn
-from jaxinfer.batch import StepBatch, bucket
-from jaxinfer.batch_packing import StepShape, WorkItem, pack, plan_shape
-from jaxinfer import rejection_sampler
+from jaxinfer.batch_packing import WorkItem, abstract_batch, pack
+from jaxinfer.compile_cache import ExecutableCache
 from jaxinfer.config import ModelConfig
+from jaxinfer.executables import Entry, Executables, abstract
 from jaxinfer.kv_cache import allocate_kv_cache
 from jaxinfer.model import forward
 from jaxinfer.scheduler import ScheduledSeq
-from jaxinfer.step_executables import StepExecutables
+from jaxinfer.shape_plan import SamplerVariant, ShapePlan, StepShape
+
+MAX_LOGPROBS = 20  # SamplingParams.logprobs is at most this; the logprobs variants return this many
+FIRST_RUN_MAX_TOKENS = 256  # warm-up executes the step shapes up to this many tokens once
 
 
 def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None):
-    """The jitted ragged step ``step(params, kv_cache, batch, max_q_len) -> (logits, kv_cache)``.
+    """The jitted ragged step ``step(params, kv_cache, batch, query_width) -> (logits, kv_cache)``.
 
-    ``kv_cache`` is donated and updated in place; ``max_q_len`` (static) bounds the longest query run and
-    ``num_prefill_slots`` (static) says how many leading sequence slots may have more than one query (the
-    rest are single-token decodes), both for the XLA attention path.
+    ``kv_cache`` is donated and updated in place; ``query_width`` (static) is the step kind for the XLA
+    attention path: W >= 1 if no sequence computes more than W tokens, None for a mixed step.
     """
 
-    def step(params, kv_cache, batch: StepBatch, max_q_len: int, num_prefill_slots: int | None = None):
-        attn_fn = get_attention_fn(
-            attention_backend, max_q_len=max_q_len, sliding_window=cfg.sliding_window, interpret=interpret,
-            num_prefill_slots=num_prefill_slots,
-        )
+    def step(params, kv_cache, batch, query_width: int | None = None):
+        attn_fn = get_attention_fn(attention_backend, query_width=query_width, sliding_window=cfg.sliding_window,
+                                   interpret=interpret)
         return forward(params, kv_cache, batch, cfg, attn_fn)
 
-    return jax.jit(step, donate_argnames="kv_cache", static_argnames=("max_q_len", "num_prefill_slots"))
+    return jax.jit(step, donate_argnames="kv_cache", static_argnames=("query_width",))
+
+
+@functools.partial(jax.jit, static_argnames=("greedy", "num_logprobs", "penalties", "speculative"))
+def choose_tokens(logits, md, draft_tokens, draft_q=None, *, greedy: bool, num_logprobs: int, penalties: bool,
+                  speculative: bool = True):
+    """One step's next tokens, [R] rows: a row with a draft token (>= 0) verifies it (the rejection sampler),
+    a row without one samples from the target's distribution (the sampler). ``draft_q``: None (point-mass
+    drafts: n-gram, or greedy rows) or ``(q_rounds [k, S', V], round [R], slot [R])``, the draft model's
+    distributions and where each row's draft sits in them. ``speculative`` False (an engine without
+    speculation: no row ever has a draft) compiles the sampler alone. Returns a
+    ``rejection_sampler.VerifyOutput``."""
+    if greedy:  # every row greedy, no penalties: accept iff the draft is the argmax, emit the argmax
+        target = sampler_lib.first_argmax(sampler_lib.adjusted_logits(logits, md, with_penalties=False))
+        accepted = (draft_tokens >= 0) & (draft_tokens == target)
+        return rejection_sampler.VerifyOutput(accepted, target,
+                                              *sampler_lib.raw_logprob_outputs(logits, target, num_logprobs))
+    probs = None
+    if draft_q is not None:
+        q_rounds, rounds, slots = draft_q
+        probs = jnp.where((draft_tokens >= 0)[:, None], q_rounds[rounds, slots], 0.0)
+
+    def verify(_):
+        return rejection_sampler.verify(logits, md, draft_tokens, probs, num_logprobs=num_logprobs,
+                                        apply_truncation=True, apply_penalties=penalties)
+
+    def sample(_):
+        out = sampler_lib.sample(logits, md, num_logprobs=num_logprobs, apply_penalties=penalties, all_greedy=False,
+                                 apply_truncation=True)
+        return rejection_sampler.VerifyOutput(jnp.zeros(out.tokens.shape, bool), out.tokens, out.logprobs,
+                                              out.topk_ids, out.topk_logprobs)
+
+    if not speculative:
+        return sample(None)
+    return jax.lax.cond(jnp.any(draft_tokens >= 0), verify, sample, None)
+
+
+def zeros_like_abstract(tree):
+    """Host zeros for a pytree of ShapeDtypeStructs (None leaves stay None)."""
+    return jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), tree)
+
+
+def exercise_batch(shape: StepShape, max_blocks: int):
+    """A harmless batch of ``shape`` that still runs every loop of the step once: all tokens write to the
+    null slot and read the null block, slot 0 computes a short run (two tokens in a mixed step, W in a
+    verification step) and slot 1 a decode. (XLA:CPU prepares a kernel on its first execution: a warm-up
+    run that skipped the attention loops would leave that cost to the first request.)"""
+    batch = zeros_like_abstract(abstract_batch(shape, max_blocks))
+    runs = [shape.query_width or 2] + ([1] if shape.num_seqs > 1 else [])
+    runs[0] = min(runs[0], shape.num_tokens - (len(runs) - 1))
+    cu = np.cumsum([0] + runs)
+    batch.cu_q_lens[:] = cu[-1]
+    batch.cu_q_lens[: len(cu)] = cu
+    batch.kv_lens[: len(runs)] = runs
+    batch.positions[: cu[-1]] = np.concatenate([np.arange(n) for n in runs])
+    return batch
 
 
 @dataclasses.dataclass
@@ -54,12 +111,22 @@ class SampledToken:
     top_logprobs: dict[int, float]  # empty unless logprobs were requested
 
 
+def choose_variant(params: list, max_logprobs: int) -> SamplerVariant:
+    """The cheapest compiled sampler that serves every row's parameters exactly."""
+    if all(p.greedy for p in params) and not any(p.has_penalties for p in params):
+        wants_logprobs = any(p.logprobs is not None for p in params)
+        return SamplerVariant(greedy=True, num_logprobs=max_logprobs if wants_logprobs else 0, penalties=False)
+    # one general variant: penalties cost nothing measurable when zero (CPU, 4,096-token vocabulary, 1-64 rows)
+    return SamplerVariant(greedy=False, num_logprobs=max_logprobs, penalties=True)
+
+
 class ModelRunner:
     def __init__(
         self,
         cfg: ModelConfig,
         params,
         *,
+        plan: ShapePlan,
         num_blocks: int,
         block_size: int,
         max_model_len: int,
@@ -67,80 +134,131 @@ class ModelRunner:
         attention_backend: str = "xla",
         interpret: bool | None = None,
         eos_token_ids: tuple[int, ...] = (),
-        query_width: int | None = None,
-        background_compilation: bool = True,
+        banned_width: int = 16,
+        draft_q_shape: tuple[int, int] | None = None,
+        cache: ExecutableCache | None = None,
+        name: str = "target",
     ):
+        """``plan``: this runner's step shapes. ``banned_width``: columns of the banned-ids matrix (EOS and
+        stop ids until min_tokens). ``draft_q_shape``: (k, rows) of the draft model's distributions the
+        verifier reads (draft-model speculation), else None."""
         self.cfg = cfg
+        self.plan = plan
         self.eos_token_ids = tuple(eos_token_ids)
         self.params = params
         self.block_size = block_size
-        self.query_width = query_width  # 1 + k under speculation: verification steps get one shape per batch
+        self.max_model_len = max_model_len
         self.attention_backend, self.interpret = attention_backend, interpret
         self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.banned_width = banned_width
+        self.draft_q_shape = draft_q_shape
+        self.max_logprobs = min(MAX_LOGPROBS, cfg.vocab_size)
         self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
         self.step_fn = make_step_fn(cfg, attention_backend, interpret)
-        self.executables = StepExecutables(self.step_fn, params, self.kv_cache, self._shape_cost,
-                                           background=background_compilation)
-        self.sample_fn = sampler_lib.sample  # jitted; static flags select cheap variants
-        self._signatures: set = set()  # sampler signatures seen (each one compiled once)
+        self._builders = {"step": self._step_entry, "tokens": self._tokens_entry}
+        self.executables = Executables(self._build, cache, name=name)
+        self._description = f"{cfg!r}|{attention_backend}|{interpret}|bs={block_size}|len={max_model_len}"
+
+    # -------------------------------------------------------------- the plan
+    def add_builder(self, kind: str, build) -> None:
+        """Register how to build the executables whose key starts with ``kind`` (e.g. a draft proposer's)."""
+        self._builders[kind] = build
+
+    def _build(self, key) -> Entry:
+        return self._builders[key[0]](key)
+
+    def _step_entry(self, key) -> Entry:
+        shape: StepShape = key[1]
+        batch = abstract_batch(shape, self.max_blocks_per_seq)
+        args = (abstract(self.params), abstract(self.kv_cache), batch)
+
+        def run_once(compiled):
+            _, self.kv_cache = compiled(self.params, self.kv_cache, exercise_batch(shape, self.max_blocks_per_seq))
+
+        # a large step costs far more than the first execution's extra (10-100 ms on XLA:CPU): not worth running
+        worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
+        return Entry(self.step_fn, args, {"query_width": shape.query_width or None}, self._description,
+                     run_once if worth_running else None)
+
+    def sampling_arrays(self, num_rows: int, variant: SamplerVariant) -> sampler_lib.SamplingMetadata:
+        """Abstract SamplingMetadata of ``num_rows`` rows for ``variant`` (its id matrices' widths)."""
+        ids = self.max_model_len if variant.penalties else 1
+        f32, i32, u32 = (jax.ShapeDtypeStruct((num_rows,), d) for d in (jnp.float32, jnp.int32, jnp.uint32))
+        mat = lambda w: jax.ShapeDtypeStruct((num_rows, w), jnp.int32)  # noqa: E731
+        return sampler_lib.SamplingMetadata(f32, i32, f32, f32, f32, f32, f32, u32, i32, mat(ids), mat(ids),
+                                            mat(self.banned_width))
+
+    def _tokens_entry(self, key) -> Entry:
+        _, rows, variant = key
+        logits = jax.ShapeDtypeStruct((rows, self.cfg.vocab_size), jnp.float32)
+        draft_q = None
+        if self.draft_q_shape is not None and not variant.greedy:
+            k, width = self.draft_q_shape
+            draft_q = (jax.ShapeDtypeStruct((k, width, self.cfg.vocab_size), jnp.float32),
+                       jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32))
+        args = (logits, self.sampling_arrays(rows, variant), jax.ShapeDtypeStruct((rows,), jnp.int32), draft_q)
+        statics = {"greedy": variant.greedy, "num_logprobs": variant.num_logprobs, "penalties": variant.penalties,
+                   "speculative": self.plan.query_width is not None}
+
+        def run_once(compiled):  # sampling rows, then (under speculation) a row verifying a draft
+            inputs = zeros_like_abstract(args)
+            inputs[2][:] = -1
+            jax.block_until_ready(compiled(*inputs))
+            if statics["speculative"]:
+                inputs[2][0] = 0
+                jax.block_until_ready(compiled(*inputs))
+
+        return Entry(choose_tokens, args, statics, f"{self.cfg.vocab_size}|{self.draft_q_shape}", run_once)
+
+    def sampler_variants(self) -> list[SamplerVariant]:
+        return [SamplerVariant(True, 0, False), SamplerVariant(True, self.max_logprobs, False),
+                SamplerVariant(False, self.max_logprobs, True)]
+
+    def plan_keys(self, samples: bool = True) -> list:
+        """Every executable this runner may run: its step shapes and, if it samples (``samples``), the token
+        choosers for every logits-row count and sampler variant."""
+        keys = [("step", s) for s in self.plan.step_shapes()]
+        if samples:
+            keys += [("tokens", r, v) for r in self.plan.logits_rows() for v in self.sampler_variants()]
+        return keys
 
     @property
     def num_compilations(self) -> int:
-        return len(self._signatures) + self.executables.num_compiled
-
-    @property
-    def num_blocking_compilations(self) -> int:
-        """Compilations a step waited for: step shapes nothing compiled could hold, and sampler shapes."""
-        return len(self._signatures) + self.executables.num_blocking
-
-    def _shape_cost(self, shape: StepShape) -> float:
-        cfg = self.cfg
-        return shape.cost(token_flops=2.0 * cfg.num_params,
-                          context_flops=4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim,
-                          logits_flops=2.0 * cfg.hidden_size * cfg.vocab_size, block_size=self.block_size)
-
-    def _note(self, signature) -> None:
-        self._signatures.add(signature)
+        return self.executables.num_compiled + self.executables.num_loaded
 
     # ----------------------------------------------------------------- stepping
-    def run_step(self, items: list[WorkItem], query_width: int | None = None):
-        """Run the jitted step on packed work items: (logits [R, V] on device, first row of each item).
-
-        ``query_width`` overrides the runner's (see ``batch_packing.plan_shape``)."""
-        width = self.query_width if query_width is None else query_width
-        shape, executable = self.executables.get(plan_shape(items, self.max_blocks_per_seq, width))
-        batch, rows = pack(items, self.block_size, shape)
+    def run_step(self, items: list[WorkItem]):
+        """Run the compiled step on work items: (logits [R, V] on device, first logits row of each item)."""
+        shape = self.plan.shape_for([len(w.tokens) for w in items], sum(w.num_logits for w in items))
+        executable = self.executables.get(("step", shape))
+        batch, rows = pack(items, self.block_size, shape, self.max_blocks_per_seq)
         logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
         return logits, rows
 
-    def build_sampling_metadata(self, rows: list[tuple], num_rows: int):
-        """Per-row sampling parameters. ``rows``: (sequence, index of the token sampled at this row)."""
+    def build_sampling_metadata(self, rows: list[tuple], num_rows: int, variant: SamplerVariant):
+        """Per-row sampling parameters as numpy arrays. ``rows``: (sequence, index of the token sampled at
+        this row). The id matrices have ``variant``'s fixed widths."""
         seqs = [q for q, _ in rows]
         params = [q.params for q in seqs]
-        apply_penalties = any(p.has_penalties for p in params)
-        all_greedy = all(p.greedy for p in params)
-        truncation = any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params if not p.greedy)
 
         def col(values, dtype, fill):
             arr = np.full(num_rows, fill, dtype)
             arr[: len(values)] = values
             return arr
 
-        def id_matrix(lists):
-            width = bucket(max((len(x) for x in lists), default=1), 8)
+        def id_matrix(lists, width):
             mat = np.full((num_rows, width), -1, np.int32)
             for i, x in enumerate(lists):
                 mat[i, : len(x)] = x
             return mat
 
-        if apply_penalties:
-            prompt_ids = id_matrix([q.token_ids[: q.num_prompt_tokens] for q in seqs])
-            output_ids = id_matrix([q.output_token_ids for q in seqs])
+        if variant.penalties:
+            prompt_ids = id_matrix([q.token_ids[: q.num_prompt_tokens] for q in seqs], self.max_model_len)
+            output_ids = id_matrix([q.output_token_ids for q in seqs], self.max_model_len)
         else:
-            prompt_ids = np.full((num_rows, 1), -1, np.int32)
-            output_ids = np.full((num_rows, 1), -1, np.int32)
-        banned = id_matrix([self._banned_ids(q, step) for q, step in rows])
-        md = sampler_lib.SamplingMetadata(
+            prompt_ids = output_ids = np.full((num_rows, 1), -1, np.int32)
+        banned = id_matrix([self._banned_ids(q, step) for q, step in rows], self.banned_width)
+        return sampler_lib.SamplingMetadata(
             temperature=col([p.temperature for p in params], np.float32, 0.0),
             top_k=col([p.top_k for p in params], np.int32, 0),
             top_p=col([p.top_p for p in params], np.float32, 1.0),
@@ -153,9 +271,7 @@ class ModelRunner:
             prompt_token_ids=prompt_ids,
             output_token_ids=output_ids,
             banned_token_ids=banned,
-        )
-        # numpy arrays: a jitted call transfers them in microseconds; jax.device_put of the pytree took ~0.2 ms
-        return md, apply_penalties, all_greedy, truncation
+        )  # numpy arrays: a compiled call transfers them in microseconds; device_put of the pytree ~0.2 ms
 
     def _banned_ids(self, seq, step: int) -> list[int]:
         p = seq.params
@@ -167,12 +283,12 @@ class ModelRunner:
         return ids
 
     # --------------------------------------------------------------- executing
-    def execute(self, scheduled: list[ScheduledSeq], draft_probs_for=None) -> dict[int, list[SampledToken]]:
+    def execute(self, scheduled: list[ScheduledSeq], draft_q_for=None) -> dict[int, list[SampledToken]]:
         """Run one step; for every sequence that reached its end, the tokens it emits (by seq_id).
 
         Without speculation that is one sampled token. A sequence verifying k draft tokens emits its
-        accepted drafts followed by one token from the target (resampled or bonus). ``draft_probs_for``
-        maps [(seq, j)] to the draft distributions [R, V] (None: point-mass drafts, i.e. n-gram).
+        accepted drafts followed by one token from the target (resampled or bonus). ``draft_q_for`` maps
+        [(seq, j)] to the draft model's distributions for the rows (None: point-mass drafts, i.e. n-gram).
         """
         items = []
         for s in scheduled:
@@ -185,34 +301,20 @@ class ModelRunner:
         for s, start in sorted(zip(scheduled, starts), key=lambda p: p[1]):
             if s.samples:
                 owners += [(s, j) for j in range(s.num_spec_tokens + 1)]
-        rows = [(s.seq, s.seq.num_output_tokens + j) for s, j in owners]
-        drafts = [s.seq.spec_token_ids[j] if j < s.num_spec_tokens else -1 for s, j in owners]
-        if not rows:
+        if not owners:
             return {}
         num_rows = logits.shape[0]
-        md, apply_penalties, all_greedy, truncation = self.build_sampling_metadata(rows, num_rows)
-        num_logprobs = max((s.seq.params.logprobs or 0) for s in scheduled)
-        speculating = any(s.num_spec_tokens for s in scheduled)
-        if speculating:
-            draft_arr = np.full(num_rows, -1, np.int32)
-            draft_arr[: len(drafts)] = drafts
-            probs = None  # greedy rows accept iff the draft is the argmax, whatever the draft's q
-            if draft_probs_for is not None and not all_greedy:
-                probs = draft_probs_for([(s.seq, j) for s, j in owners], num_rows)
-            self._note(("verify", num_rows, md.banned_token_ids.shape[1], num_logprobs, truncation, probs is None,
-                        all_greedy))
-            out = rejection_sampler.verify(logits, md, draft_arr, probs, num_logprobs=num_logprobs,
-                                           apply_truncation=truncation, all_greedy=all_greedy)
-            accepted = out.accepted
-        else:
-            self._note(("sample", num_rows, md.prompt_token_ids.shape[1], md.output_token_ids.shape[1],
-                        md.banned_token_ids.shape[1], num_logprobs, apply_penalties, all_greedy, truncation))
-            out = self.sample_fn(logits, md, num_logprobs=num_logprobs, apply_penalties=apply_penalties,
-                                 all_greedy=all_greedy, apply_truncation=truncation)
-            accepted = np.zeros(num_rows, bool)  # an eager jnp op costs ~0.05 ms per step
+        rows = [(s.seq, s.seq.num_output_tokens + j) for s, j in owners]
+        variant = choose_variant([s.seq.params for s, _ in owners], self.max_logprobs)
+        md = self.build_sampling_metadata(rows, num_rows, variant)
+        drafts = np.full(num_rows, -1, np.int32)
+        drafts[: len(owners)] = [s.seq.spec_token_ids[j] if j < s.num_spec_tokens else -1 for s, j in owners]
+        draft_q = None
+        if self.draft_q_shape is not None and not variant.greedy:
+            draft_q = draft_q_for([(s.seq, j) for s, j in owners], num_rows)
+        out = self.executables.get(("tokens", num_rows, variant))(logits, md, drafts, draft_q)
         tokens, logprobs, top_ids, top_lps, acc = jax.device_get(
-            (out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs, accepted)
-        )
+            (out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs, out.accepted))
         result: dict[int, list[SampledToken]] = {}
         for i, (s, j) in enumerate(owners):
             emitted = result.setdefault(s.seq.seq_id, [])

@@ -152,7 +152,7 @@ class Scheduler:
 
         # 2. Waiting sequences.
         if cfg.batching == "static" and not self._static_batch_ready():
-            return SchedulerOutput(scheduled, preempted)
+            return SchedulerOutput(self._drop_drafts_beside_prefill(scheduled), preempted)
         self.waiting.sort(key=self._order_key)
         admitted = []
         for seq in list(self.waiting):
@@ -180,7 +180,17 @@ class Scheduler:
             budget -= num_new
         for seq in admitted:
             self.waiting.remove(seq)
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(self._drop_drafts_beside_prefill(scheduled), preempted)
+
+    @staticmethod
+    def _drop_drafts_beside_prefill(scheduled: list[ScheduledSeq]) -> list[ScheduledSeq]:
+        """A step that computes a prefill chunk carries no draft tokens: such a step's time is mostly the
+        prefill's, and keeping verification out of it keeps one logits row per sequence (a small, fixed
+        set of compiled step shapes). The drafts' blocks are released after the step as usual."""
+        if not any(s.num_new_tokens - s.num_spec_tokens > 1 for s in scheduled):
+            return scheduled
+        return [ScheduledSeq(s.seq, s.num_new_tokens - s.num_spec_tokens) if s.num_spec_tokens else s
+                for s in scheduled]
 
     def _static_batch_ready(self) -> bool:
         if self.running or not self.waiting:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "JAXINFER_CACHE_DIR" not in os.environ:  # the suite's compiled executables: never the user's cache
+    _cache_dir = tempfile.mkdtemp(prefix="jaxinfer-test-cache-")
+    os.environ["JAXINFER_CACHE_DIR"] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
 
 import pytest
 

@@ -108,7 +108,7 @@ def test_build_inputs_follow_the_engine_layout():
     assert np.isfinite(k[used]).all() and np.isfinite(k[0]).all()
     spare = sorted(set(range(1, k.shape[0])) - set(used))
     assert len(spare) == kernels.POISON_BLOCKS and np.isnan(k[spare]).all()
-    assert inputs.max_q_len == 4
+    assert inputs.query_width is None  # a mixed step
 
 
 # --------------------------------------------------------------------------------------- running cases

@@ -56,9 +56,12 @@ def _assert_run(run: dict, workload: list[serve.TimedRequest]) -> None:
     occ = run["occupancy"]
     assert len(occ) == run["num_steps"] > 0
     assert all(0 <= s["num_running"] <= run["max_batch_occupancy"] for s in occ)
-    c = run["num_compilations"]
-    assert c["before_warmup"] <= c["after_warmup"] <= c["after_run"]
-    assert c["after_run"] - c["after_warmup"] == run["num_compilations_during_run"]
+    # the engine compiled its plan at start: no pass compiles anything
+    assert run["num_compilations_during_run"] == run["first_pass"]["num_compilations_during_run"] == 0
+    assert run["num_compilations_after_start"] == 0 and run["compile_stall_s"] == 0
+    first = run["first_pass"]
+    assert first["num_requests"] == run["num_requests"] and first["total_output_tokens"] == run["total_output_tokens"]
+    _assert_ordered(first["e2e_s"])
 
 
 def test_arrival_offsets_match_rate_and_shape():
@@ -96,7 +99,7 @@ def test_serve_compare(tiny_llama, tmp_path):
     args = _parse(serve, [
         "--model", tiny_llama, "--dtype", "float32", "--num-requests", "6", "--rate", "40",
         "--input-len-range", "4", "20", "--output-len-range", "2", "12", "--max-num-seqs", "4",
-        "--static-batch-timeout", "0.02", "--warmup-passes", "1", "--compare", "--plot", str(tmp_path / "plots"), "--output", str(out)])
+        "--static-batch-timeout", "0.02", "--passes", "2", "--compare", "--plot", str(tmp_path / "plots"), "--output", str(out)])
     payload = serve.run(args)
     assert json.loads(out.read_text())["runs"].keys() == {"static", "continuous"}
     workload = serve.make_workload(serve.workload_spec(args), 256)
@@ -105,21 +108,21 @@ def test_serve_compare(tiny_llama, tmp_path):
         assert run["batching"] == mode
         _assert_run(run, workload)
         assert run["max_batch_occupancy"] <= 4
-    assert set(payload["ratios"]) >= {"e2e_p50_static_over_continuous", "throughput_continuous_over_static"}
-    assert all(v > 0 for v in payload["ratios"].values())
+    ratios = payload["ratios"]
+    assert set(ratios) >= {"e2e_p50_static_over_continuous", "throughput_continuous_over_static", "first_pass"}
+    assert all(v > 0 for v in [*ratios["first_pass"].values(), *(v for k, v in ratios.items() if k != "first_pass")])
     for path in payload["plots"].values():
         assert open(path, "rb").read(8) == PNG_MAGIC
 
 
-def test_serve_single_mode_fixed_lengths_no_warmup(tiny_llama):
+def test_serve_single_mode_fixed_lengths_one_pass(tiny_llama):
     args = _parse(serve, [
         "--model", tiny_llama, "--dtype", "float32", "--num-requests", "3", "--rate", "inf", "--input-len", "5",
-        "--output-len", "4", "--warmup-passes", "0", "--batching", "continuous"])
+        "--output-len", "4", "--passes", "1", "--batching", "continuous"])
     payload = serve.run(args)
     assert list(payload["runs"]) == ["continuous"] and payload["ratios"] is None and payload["plots"] == {}
     run = payload["runs"]["continuous"]
     _assert_run(run, serve.make_workload(serve.workload_spec(args), 256))
-    assert run["num_compilations"]["before_warmup"] == run["num_compilations"]["after_warmup"]
     assert all(q["input_len"] == 5 for q in run["requests"])
     assert run["max_batch_occupancy"] == 3  # all arrive at once and fit in one batch
     assert len(run["occupancy"]) == 4  # one step per output token (prefill samples the first)
@@ -129,9 +132,12 @@ def test_prefix_cache_off_and_on(tiny_llama, tmp_path):
     out = tmp_path / "prefix.json"
     args = _parse(prefix, [
         "--model", tiny_llama, "--dtype", "float32", "--num-requests", "4", "--doc-len", "40",
-        "--question-len-range", "3", "5", "--output-len", "3", "--warmup-passes", "1", "--plot", str(tmp_path), "--output", str(out)])
+        "--question-len-range", "3", "5", "--output-len", "3", "--passes", "2", "--plot", str(tmp_path), "--output", str(out)])
     payload = prefix.run(args)
-    assert json.loads(out.read_text())["ratios"] == pytest.approx(payload["ratios"])
+    ratios = json.loads(out.read_text())["ratios"]
+    assert ratios["first_pass"] == pytest.approx(payload["ratios"]["first_pass"])
+    assert {k: v for k, v in ratios.items() if k != "first_pass"} == pytest.approx(
+        {k: v for k, v in payload["ratios"].items() if k != "first_pass"})
     spec = prefix.PrefixSpec(4, 40, (3, 5), 3, math.inf, 1.0, 0)
     workload = prefix.make_prefix_workload(spec, 256)
     assert all(r.prompt_token_ids[:40] == workload[0].prompt_token_ids[:40] for r in workload)

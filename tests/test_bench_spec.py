@@ -58,9 +58,6 @@ class _FakeLLM:
             def stats(self):
                 return {"num_compilations": sum(outer._compiles[: outer.passes])}
 
-            def wait_for_compilations(self):
-                pass
-
         self.llm_engine = _Engine()
 
     def generate(self, *args, **kwargs):
@@ -70,6 +67,6 @@ class _FakeLLM:
 def test_warm_up_lasts_until_the_rule_settles_not_only_the_compiles():
     # no compile after the first pass, but the rule's choice at batch 16 flips until pass 4
     llm = _FakeLLM([3, 0, 0, 0, 0, 0, 0, 0], [{}, {16: 4}, {16: 0}, {16: 4}, {16: 0}, {16: 0}, {16: 0}])
-    assert spec._warm_up(llm, [], None, max_passes=12) == 6  # passes 5 and 6 changed nothing
+    assert spec._warm_up(llm, [], None, max_passes=12)[0] == 6  # passes 5 and 6 changed nothing
     capped = _FakeLLM([1] * 20, [{}])
-    assert spec._warm_up(capped, [], None, max_passes=5) == 5
+    assert spec._warm_up(capped, [], None, max_passes=5)[0] == 5

@@ -19,7 +19,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(hf_checkpoints):
-    return LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64, max_num_seqs=8)
+    return LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64, max_num_seqs=8)
 
 
 def _tokens(outs):
@@ -95,7 +95,7 @@ def test_stop_conditions(llm):
 
 def test_eos_stops_generation(hf_checkpoints):
     # Make the greedy continuation's 4th token the EOS id of this engine.
-    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=64, num_kv_blocks=16, max_num_seqs=2)
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=64, num_kv_blocks=16, max_num_seqs=2)
     p = random_prompts([8], seed=11)
     toks = llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     llm.llm_engine.eos_token_ids = (toks[3],)

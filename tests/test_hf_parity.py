@@ -32,7 +32,7 @@ def test_prefill_logits_match_hf(name, hf_checkpoints, hf_models):
     ids = _prompt(45, seed=1)
     cache = allocate_kv_cache(cfg, num_blocks=8, block_size=16, dtype=jnp.float32)
     batch = single_sequence_batch(ids, [5, 2, 7], 16, all_logits=True)  # non-contiguous blocks
-    attn = get_attention_fn("xla", max_q_len=64, sliding_window=cfg.sliding_window)
+    attn = get_attention_fn("xla", query_width=None, sliding_window=cfg.sliding_window)
     logits, _ = jax.jit(lambda p, c, b: forward(p, c, b, cfg, attn))(params, cache, batch)
     expected = hf_oracle.hf_logits(hf_models[name], ids)
     np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4, rtol=0)
@@ -40,7 +40,7 @@ def test_prefill_logits_match_hf(name, hf_checkpoints, hf_models):
 
 @pytest.mark.parametrize("name", ARCHS)
 def test_greedy_tokens_and_logprobs_match_hf(name, hf_checkpoints, hf_models):
-    llm = LLM(model=str(hf_checkpoints[name]), max_model_len=128, num_kv_blocks=48, max_num_seqs=8)
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints[name]), max_model_len=128, num_kv_blocks=48, max_num_seqs=8)
     prompts = [_prompt(n, seed=n) for n in PROMPT_LENGTHS]
     params = SamplingParams(temperature=0.0, max_tokens=32, logprobs=3, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

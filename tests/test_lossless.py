@@ -38,13 +38,13 @@ def _no_leak(llm):
 @pytest.fixture(scope="module")
 def reference(hf_checkpoints):
     """Each prompt alone, no prefix cache, no chunking, a roomy pool."""
-    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64,
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64,
               enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=128)
     return [_run(llm, [p])[0] for p in _shared_prefix_prompts()]
 
 
 def test_prefix_cache_cold_and_warm(hf_checkpoints, reference):
-    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64)
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64)
     prompts = _shared_prefix_prompts()
     assert _run(llm, prompts) == reference  # cold: the batch shares prefixes among itself
     hits_cold = llm.llm_engine.stats()["prefix_cache_hit_tokens"]
@@ -57,7 +57,7 @@ def test_prefix_cache_cold_and_warm(hf_checkpoints, reference):
 
 
 def test_chunked_prefill_tiny_budget(hf_checkpoints, reference):
-    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64,
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64,
               max_num_batched_tokens=7, enable_prefix_caching=False)
     assert _run(llm, _shared_prefix_prompts()) == reference
     _no_leak(llm)
@@ -65,7 +65,7 @@ def test_chunked_prefill_tiny_budget(hf_checkpoints, reference):
 
 def test_preemption_in_a_tiny_pool(hf_checkpoints, reference):
     # 6 prompts of up to ~68 tokens at the end need ~25 blocks together; 9 usable blocks force preemption.
-    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=80, num_kv_blocks=10,
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=80, num_kv_blocks=10,
               max_num_batched_tokens=32)
     assert _run(llm, _shared_prefix_prompts()) == reference
     assert llm.llm_engine.stats()["num_preemptions"] > 0
@@ -73,14 +73,14 @@ def test_preemption_in_a_tiny_pool(hf_checkpoints, reference):
 
 
 def test_static_batching(hf_checkpoints, reference):
-    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64, max_num_seqs=2,
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=128, num_kv_blocks=64, max_num_seqs=2,
               batching="static", static_batch_timeout_s=0.0)
     assert _run(llm, _shared_prefix_prompts()) == reference
     _no_leak(llm)
 
 
 def test_aborts_mid_flight_leave_survivors_unchanged(hf_checkpoints, reference):
-    llm = LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=80, num_kv_blocks=14,
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=80, num_kv_blocks=14,
               max_num_batched_tokens=16)
     engine = llm.llm_engine
     prompts = _shared_prefix_prompts()

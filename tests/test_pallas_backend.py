@@ -11,7 +11,7 @@ from tests import hf_oracle
 
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen3_head_dim", "mistral_window"])
 def test_pallas_backend_matches_hf(name, hf_checkpoints, hf_models):
-    llm = LLM(model=str(hf_checkpoints[name]), max_model_len=96, num_kv_blocks=32, max_num_seqs=4,
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints[name]), max_model_len=96, num_kv_blocks=32, max_num_seqs=4,
               attention_backend="pallas", max_num_batched_tokens=32)
     engine = llm.llm_engine
     rng = np.random.default_rng(4)
@@ -40,7 +40,7 @@ def test_pallas_backend_speculation_is_lossless(method, hf_checkpoints, hf_model
     path = str(hf_checkpoints["llama_gqa"])
     spec = {"method": method, "num_speculative_tokens": 3, "adaptive": False}
     spec.update({"model": path} if method == "draft_model" else {"prompt_lookup_max": 3, "prompt_lookup_min": 1})
-    llm = LLM(model=path, max_model_len=96, num_kv_blocks=32, max_num_seqs=4, attention_backend="pallas",
+    llm = LLM(compilation="lazy", model=path, max_model_len=96, num_kv_blocks=32, max_num_seqs=4, attention_backend="pallas",
               speculative_config=spec)
     rng = np.random.default_rng(6)
     chunk = rng.integers(0, 256, size=6).tolist()

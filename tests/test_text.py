@@ -41,7 +41,7 @@ def text_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(text_model):
-    return LLM(model=str(text_model), max_model_len=128, num_kv_blocks=32, max_num_seqs=4)
+    return LLM(compilation="lazy", model=str(text_model), max_model_len=128, num_kv_blocks=32, max_num_seqs=4)
 
 
 def test_text_roundtrip(llm):
@@ -74,8 +74,8 @@ def test_cli_generate_and_convert(text_model, tmp_path, capsys):
     assert line["prompt"] == "def f(x):" and len(line["token_ids"]) <= 5
     out_dir = tmp_path / "converted"
     assert cli_main(["convert", str(text_model), str(out_dir), "--dtype", "float32"]) == 0
-    a = LLM(model=str(text_model), max_model_len=64, num_kv_blocks=16)
-    b = LLM(model=str(out_dir), max_model_len=64, num_kv_blocks=16)
+    a = LLM(compilation="lazy", model=str(text_model), max_model_len=64, num_kv_blocks=16)
+    b = LLM(compilation="lazy", model=str(out_dir), max_model_len=64, num_kv_blocks=16)
     sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     assert a.generate("import", sp, use_tqdm=False)[0].outputs[0].token_ids == \
         b.generate("import", sp, use_tqdm=False)[0].outputs[0].token_ids

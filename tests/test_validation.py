@@ -14,7 +14,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(hf_checkpoints):
-    return LLM(model=str(hf_checkpoints["llama_gqa"]), max_model_len=64, num_kv_blocks=32, max_num_seqs=4)
+    return LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=64, num_kv_blocks=32, max_num_seqs=4)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_unknown_keyword_arguments():
     with pytest.raises(TypeError, match="temprature"):
         SamplingParams(temprature=0.5)
     with pytest.raises(TypeError, match="blok_size"):
-        LLM(model="random:llama-150m", blok_size=16)
+        LLM(compilation="lazy", model="random:llama-150m", blok_size=16)
 
 
 @pytest.mark.parametrize(
@@ -112,12 +112,13 @@ def test_engine_add_request_errors(llm):
         (dict(enable_chunked_prefill=False, max_num_batched_tokens=16), ValueError, "max_num_batched_tokens"),
         (dict(batching="dynamic"), ValueError, "batching"),
         (dict(max_model_len=4096), ValueError, "max_position_embeddings"),
-        (dict(background_compilation="yes"), TypeError, "background_compilation must be True or False"),
+        (dict(enable_compilation_cache="yes"), TypeError, "enable_compilation_cache must be True or False"),
+        (dict(compilation="sometimes"), ValueError, "compilation must be one of"),
         (dict(enable_prefix_caching=1), TypeError, "enable_prefix_caching must be True or False"),
     ],
 )
 def test_impossible_engine_settings(hf_checkpoints, kwargs, exc, match):
-    base = dict(model=str(hf_checkpoints["llama_gqa"]), max_model_len=64)
+    base = dict(model=str(hf_checkpoints["llama_gqa"]), max_model_len=64, compilation="lazy")
     base.update(kwargs)
     with pytest.raises(exc, match=match):
         LLM(**base)
@@ -134,4 +135,4 @@ def test_unknown_architecture_and_rope_type():
 
 def test_missing_model_dir():
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        LLM(model="/nonexistent/model")
+        LLM(compilation="lazy", model="/nonexistent/model")

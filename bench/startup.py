@@ -1,0 +1,104 @@
+"""``jaxinfer-bench startup``: what a user waits for — starting the engine, then the first ``generate``.
+
+Each measurement runs in a fresh Python process (nothing warm in memory): the process imports jaxinfer,
+constructs ``LLM(...)`` (which compiles, or loads from the on-disk cache, every executable of the shape plan
+and runs each small one once), then calls ``generate`` five times with the same prompts, at batch 1 and at
+batch 16, ``--output-len`` greedy tokens each. Reported per configuration (no speculation, n-gram
+speculation): the start time (import + ``LLM``) with an empty compilation cache ("cold") and again with the
+cache that run left behind ("warm"), how many executables were compiled or loaded, the first call against
+the fifth, and the compilations after start (must be 0).
+
+Targets (this CPU, embedded model): cold start <= 30 s, warm start <= 5 s, first call within 1.3x of the 5th.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench import hardware, report
+
+PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "for i in range(", "# Copyright",
+           "def main():", "return self.", "if __name__ =="]
+CONFIGS = {
+    "plain": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+}
+
+
+def child(args: dict) -> dict:
+    """One process's measurement (run with ``--child``); ``t0`` is taken before jaxinfer is imported."""
+    t0 = time.perf_counter()
+    from jaxinfer import LLM, SamplingParams
+
+    t_import = time.perf_counter() - t0
+    llm = LLM(model=args["model"], speculative_config=args["speculative_config"],
+              compilation_cache_dir=args["cache_dir"])
+    t_start = time.perf_counter() - t0
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=args["output_len"], ignore_eos=True)
+    calls = {}
+    for batch in (1, 16):
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+        seconds = []
+        for _ in range(args["calls"]):
+            t = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            seconds.append(time.perf_counter() - t)
+        calls[batch] = seconds
+    r = engine.warm_up_report
+    return {"import_s": t_import, "start_s": t_start, "warm_up_s": r.seconds, "first_runs_s": r.first_run_seconds,
+            "executables": r.num_executables, "from_cache": r.num_from_cache, "calls_s": calls,
+            "compilations_after_start": engine.stats()["num_compilations_after_start"]}
+
+
+def _run_child(model, spec, cache_dir: str, output_len: int, calls: int) -> dict:
+    payload = json.dumps({"model": model, "speculative_config": spec, "cache_dir": cache_dir,
+                          "output_len": output_len, "calls": calls})
+    proc = subprocess.run([sys.executable, "-m", "bench.startup", "--child", payload], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the measuring process failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(args) -> dict:
+    results, rows = [], []
+    for name in args.configs:
+        with tempfile.TemporaryDirectory(prefix="jaxinfer-startup-") as cache_dir:
+            for cache in ("cold", "warm"):  # the warm run finds what the cold one stored
+                r = _run_child(args.model, CONFIGS[name], cache_dir, args.output_len, args.calls)
+                r.update(config=name, cache=cache)
+                for batch, seconds in r["calls_s"].items():
+                    r[f"b{batch}_first_over_last"] = seconds[0] / seconds[-1]
+                results.append(r)
+                rows.append([name, cache, r["start_s"], r["import_s"], r["warm_up_s"], r["executables"],
+                             r["from_cache"], r["calls_s"]["1"][0] * 1e3, r["calls_s"]["1"][-1] * 1e3,
+                             r["b1_first_over_last"], r["calls_s"]["16"][0] * 1e3, r["calls_s"]["16"][-1] * 1e3,
+                             r["b16_first_over_last"], r["compilations_after_start"]])
+    report.print_table(
+        f"start-up — {args.model or 'embedded default model'}, {args.output_len} greedy tokens per call, each row "
+        "a fresh process (targets: cold <= 30 s, warm <= 5 s, first call <= 1.3x the 5th)",
+        ["config", "cache", "start s", "import s", "warm-up s", "executables", "from cache", "b1 first ms",
+         f"b1 call {args.calls} ms", "b1 ratio", "b16 first ms", f"b16 call {args.calls} ms", "b16 ratio",
+         "compiles after start"], rows)
+    payload = {"benchmark": "startup", "machine": hardware.machine_info(), "model": args.model,
+               "output_len": args.output_len, "calls": args.calls, "results": results}
+    report.write_json(args.output, payload)
+    return payload
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=None, help="model dir / random:<preset>; default: the embedded model")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--output-len", type=report.positive_int, default=96)
+    p.add_argument("--calls", type=report.positive_int, default=5, help="identical generate calls per batch size")
+    p.add_argument("--output", default=None, help="write the results as JSON here")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(json.dumps(child(json.loads(sys.argv[2]))))
