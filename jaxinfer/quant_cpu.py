@@ -25,7 +25,7 @@ import numpy as np
 
 from pallas_kernels.quant_common import E4M3, e4m3_bits_to_float
 
-CHUNK_BYTES = 1 << 20  # float32 bytes of one converted chunk: fits a 2 MB L2 with room to spare
+CHUNK_BYTES = 1 << 21  # float32 bytes of one converted chunk: about one core's L2 (2 MB here)
 _DOT_NT = (((1,), (1,)), ((), ()))  # x [M, K] . w [rows, K] -> [M, rows]
 
 
@@ -46,11 +46,15 @@ def chunk_rows(n: int, k: int, chunk_bytes: int = CHUNK_BYTES) -> int:
 
 
 def chunked_dequant_matmul(x: jax.Array, w_q: jax.Array, kind: str, *,
+                           block_scale: jax.Array | None = None,
+                           block_shape: tuple[int, int] | None = None,
                            chunk_bytes: int = CHUNK_BYTES) -> jax.Array:
-    """``x [M, K] (float32) @ decode(w_q [N, K]).T`` -> float32 ``[M, N]``, unscaled.
+    """``x [M, K] (float32) @ decode(w_q [N, K]).T`` -> float32 ``[M, N]``.
 
-    A ``fori_loop`` over row chunks of the weight; the last chunk is shifted back to end at N (it
-    recomputes a few rows rather than padding, so the weight is never copied).
+    Unscaled, unless ``block_scale [ceil(N/BN), ceil(K/BK)]`` (with ``block_shape (BN, BK)``) is
+    given: then each chunk is multiplied by its blocks' scales as it is decoded. A ``fori_loop``
+    over row chunks of the weight; the last chunk is shifted back to end at N (it recomputes a few
+    rows rather than padding, so the weight is never copied).
     """
     m = x.shape[0]
     n, k = w_q.shape
@@ -60,6 +64,10 @@ def chunked_dequant_matmul(x: jax.Array, w_q: jax.Array, kind: str, *,
     def body(i, out):
         start = jnp.minimum(i * rows, n - rows)
         chunk = decode_weight(jax.lax.dynamic_slice_in_dim(w_q, start, rows, axis=0), kind)
+        if block_scale is not None:
+            block_rows = (start + jnp.arange(rows)) // block_shape[0]
+            scales = jnp.repeat(block_scale[block_rows], block_shape[1], axis=1)[:, :k]
+            chunk = chunk * scales
         return jax.lax.dynamic_update_slice_in_dim(out, jax.lax.dot_general(x, chunk, _DOT_NT),
                                                    start, axis=1)
 

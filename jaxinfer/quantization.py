@@ -233,10 +233,8 @@ def _linear_cpu(x, qw: QuantizedWeight):
     kind = _weight_kind(qw)
     if qw.method != "fp8_block":
         return quant_cpu.chunked_dequant_matmul(x, qw.qweight, kind) * qw.scale[None, :]
-    # Block scales vary along K: scale the decoded chunk's columns group by group. Rare on CPU
-    # (only pre-quantized block checkpoints), so the plain formulation is good enough here.
-    w = dequantize_blocks(quant_cpu.decode_weight(qw.qweight, kind), qw.scale, qw.block_shape)
-    return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+    return quant_cpu.chunked_dequant_matmul(x, qw.qweight, kind, block_scale=qw.scale,
+                                            block_shape=qw.block_shape)
 
 
 def _linear_xla(x, qw: QuantizedWeight):

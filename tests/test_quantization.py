@@ -241,3 +241,18 @@ def test_chunked_dequant_matmul(n, k, kind):
     out = quant_cpu.chunked_dequant_matmul(x, jnp.asarray(w), kind, chunk_bytes=32 * k * 4)
     assert quant_cpu.chunk_rows(n, k, 32 * k * 4) == min(32, n)
     cases.assert_close(out, cases.np_matmul(x, values), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n, k", [(600, 40), (37, 40)])
+def test_chunked_dequant_matmul_with_block_scales(n, k):
+    """Chunks that straddle weight blocks (the last one is shifted back) pick each row's scales."""
+    rng = np.random.default_rng(5)
+    w = cases.random_e4m3(rng, (n, k))
+    block_shape = (32, 16)
+    scale = (10.0 ** rng.uniform(-3, 0, (-(-n // 32), -(-k // 16)))).astype(np.float32)
+    values = w.astype(np.float32) * np.repeat(np.repeat(scale, 32, 0), 16, 1)[:n, :k]
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    out = quant_cpu.chunked_dequant_matmul(x, jnp.asarray(w.view(np.int8)), "e4m3_bits",
+                                           block_scale=jnp.asarray(scale), block_shape=block_shape,
+                                           chunk_bytes=64 * k * 4)  # 64 rows: 2 blocks each
+    cases.assert_close(out, cases.np_matmul(x, values), rtol=1e-6)
