@@ -243,24 +243,26 @@ def _linear_xla(x, qw: QuantizedWeight):
     return jnp.dot(x, dequantize(qw), precision=jax.lax.Precision.HIGHEST)
 
 
-def _linear_pallas(x, qw: QuantizedWeight):
+def _linear_pallas(x, qw: QuantizedWeight, interpret: bool | None):
     if _weight_kind(qw) == "e4m3_bits":
         raise ValueError("int8-typed e4m3 bytes are CPU storage; the Pallas kernels want the "
                          "float8_e4m3fn weight (do not apply with_cpu_storage on a GPU)")
     if qw.method == "fp8":
-        return fp8_matmul(x, qw.qweight, qw.scale, qw.input_scale)
+        return fp8_matmul(x, qw.qweight, qw.scale, qw.input_scale, interpret=interpret)
     if qw.method == "fp8_block":
-        return fp8_block_matmul(x, qw.qweight, qw.scale, block_shape=qw.block_shape)
-    return w8a16_matmul(x, qw.qweight, qw.scale)
+        return fp8_block_matmul(x, qw.qweight, qw.scale, block_shape=qw.block_shape,
+                                interpret=interpret)
+    return w8a16_matmul(x, qw.qweight, qw.scale, interpret=interpret)
 
 
 def quantized_linear(x: jax.Array, qw: QuantizedWeight, *, out_dtype=None,
-                     implementation: str | None = None) -> jax.Array:
+                     implementation: str | None = None, interpret: bool | None = None
+                     ) -> jax.Array:
     """``x [..., K] @ dequantize(qw)`` -> ``[..., N]`` in ``out_dtype`` (default x's dtype).
 
-    ``implementation``: "pallas" (the GPU kernels; interpreted off the GPU, for tests), "cpu"
-    (``jaxinfer.quant_cpu``), "xla" (dequantize then ``jnp.dot``), or None: "pallas" on a GPU,
-    "cpu" elsewhere.
+    ``implementation``: "pallas" (the GPU kernels), "cpu" (``jaxinfer.quant_cpu``), "xla"
+    (dequantize then ``jnp.dot``), or None: "pallas" on a GPU, "cpu" elsewhere. ``interpret``
+    is passed to the kernels (None: interpreted unless on a GPU; False to lower them for CUDA).
     """
     implementation = default_implementation() if implementation is None else implementation
     if implementation not in IMPLEMENTATIONS:
@@ -271,7 +273,7 @@ def quantized_linear(x: jax.Array, qw: QuantizedWeight, *, out_dtype=None,
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if implementation == "pallas":
-        out = _linear_pallas(x2, qw)
+        out = _linear_pallas(x2, qw, interpret)
     elif implementation == "cpu":
         out = _linear_cpu(x2, qw)
     else:

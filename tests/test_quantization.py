@@ -256,3 +256,56 @@ def test_chunked_dequant_matmul_with_block_scales(n, k):
                                            block_scale=jnp.asarray(scale), block_shape=block_shape,
                                            chunk_bytes=64 * k * 4)  # 64 rows: 2 blocks each
     cases.assert_close(out, cases.np_matmul(x, values), rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", Q.METHODS)
+def test_pallas_path_cross_lowers_for_cuda_inside_jit(method):
+    """As the model will call it: [T, H] bfloat16 activations, under jit, lowered for CUDA."""
+    qw = Q.quantize_weight(random_dense(96, 200), method,
+                           block_shape=(64, 32) if method == "fp8_block" else None)
+    abstract_qw = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), qw)
+    x = jax.ShapeDtypeStruct((3, 5, 96), jnp.bfloat16)
+    fn = lambda x, w: Q.quantized_linear(x, w, implementation="pallas", interpret=False)  # noqa: E731
+    text = cases.lower_for_cuda(fn, x, abstract_qw)
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+SHARDING_SCRIPT = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxinfer import quantization as Q
+
+mesh = jax.make_mesh((2,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,))
+rules = {"mlp": "tp", "embed": None}  # column parallel: output channels split over "tp"
+is_axes = lambda a: isinstance(a, tuple)
+rng = np.random.default_rng(0)
+w = rng.standard_normal((96, 128)).astype(np.float32)
+x = rng.standard_normal((4, 96)).astype(np.float32)
+for method in Q.METHODS:
+    qw = Q.quantize_weight(w, method, block_shape=(32, 32) if method == "fp8_block" else None)
+    specs = jax.tree.map(lambda names: P(*[rules[n] for n in names]),
+                         Q.logical_axes(qw, ("embed", "mlp")), is_leaf=is_axes)
+    placed = jax.device_put(qw, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+    assert placed.scale.sharding.spec == specs.scale
+    local = jax.shard_map(lambda x, w: Q.quantized_linear(x, w, implementation="cpu"), mesh=mesh,
+                          in_specs=(P(), specs), out_specs=P(None, "tp"), check_vma=False)
+    out = np.asarray(jax.jit(local)(x, placed))
+    want = np.asarray(Q.quantized_linear(x, qw, implementation="cpu"))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    print(method, "ok")
+"""
+
+
+def test_logical_axes_place_weights_for_tensor_parallelism():
+    """Each device holds its output channels' qweight rows and their scales, and computes them."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", SHARDING_SCRIPT], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [word for m in Q.METHODS for word in (m, "ok")]
