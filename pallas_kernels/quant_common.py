@@ -1,0 +1,290 @@
+"""What the quantized-matmul kernels share: fp8 constants, activation quantization, tile choices.
+
+The kernels (``fp8_matmul``, ``w8a16_matmul``, ``fp8_block_matmul``) all compute ``x @ w.T`` with
+``w`` stored ``[N, K]`` (K-major, the layout HF checkpoints use and the one an fp8 tensor-core dot
+wants for its B operand) on Triton, tiled ``block_m x block_n`` with a K loop of ``block_k`` and an
+optional split-K. This module holds the pieces they have in common and nothing engine-specific.
+
+Quantization conventions (the same everywhere in jaxinfer):
+
+* e4m3 is ``float8_e4m3fn``: largest finite value 448, no infinities. Values are always clipped to
+  +-448 before the cast, so nothing saturates to NaN.
+* A scale multiplies to dequantize: ``real = quantized * scale`` (``scale = absmax / 448`` for fp8,
+  ``absmax / 127`` for int8). An all-zero row or block gets scale 1 and quantizes to zeros.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+E4M3 = jnp.dtype(jnp.float8_e4m3fn)
+E4M3_MAX = 448.0
+INT8_MAX = 127.0
+ACTIVATION_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+_MIN_DOT_DIM = 16  # Triton's tensor-core dot wants every matmul dimension >= 16
+_TARGET_PROGRAMS = 264  # split-K aims for about two programs per SM of an H100/H200 (132 SMs)
+_MIN_K_STEPS_PER_SPLIT = 4
+_MAX_SPLIT_K = 16
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def is_power_of_2(n: int) -> bool:
+    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantization of activations and weights (plain jnp; the kernels' prologues and references)
+# ----------------------------------------------------------------------------------------------
+
+
+def absmax_scale(absmax: jax.Array, qmax: float) -> jax.Array:
+    """``absmax / qmax`` in float32, or 1 where absmax is 0 (so zeros quantize to zeros)."""
+    absmax = absmax.astype(jnp.float32)
+    return jnp.where(absmax > 0.0, absmax / qmax, 1.0)
+
+
+def saturate_to_e4m3(values: jax.Array) -> jax.Array:
+    """Round float32 values to e4m3, clipping to +-448 first (a plain cast would give NaN)."""
+    return jnp.clip(values, -E4M3_MAX, E4M3_MAX).astype(E4M3)
+
+
+def quantize_rows_fp8(x: jax.Array, static_scale: jax.Array | None = None):
+    """Per-token (row) e4m3 quantization of ``x [M, K]``: ``(xq [M, K] e4m3, scale [M] f32)``.
+
+    ``static_scale`` (a scalar, e.g. a checkpoint's ``input_scale``) replaces the dynamic absmax
+    scale; values beyond ``448 * static_scale`` then saturate.
+    """
+    x = x.astype(jnp.float32)
+    if static_scale is None:
+        scale = absmax_scale(jnp.max(jnp.abs(x), axis=1), E4M3_MAX)
+    else:
+        scale = jnp.broadcast_to(jnp.asarray(static_scale, jnp.float32).reshape(()), x.shape[:1])
+    return saturate_to_e4m3(x / scale[:, None]), scale
+
+
+def quantize_groups_fp8(x: jax.Array, group: int):
+    """Per-token, per-``group`` columns e4m3 quantization of ``x [M, K]`` (DeepSeek-V3's 1 x 128).
+
+    Returns ``(xq [M, K] e4m3, scale [M, ceil(K / group)] f32)``; the last group may be partial.
+    """
+    m, k = x.shape
+    num_groups = cdiv(k, group)
+    padded = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, num_groups * group - k)))
+    grouped = padded.reshape(m, num_groups, group)
+    scale = absmax_scale(jnp.max(jnp.abs(grouped), axis=2), E4M3_MAX)
+    xq = saturate_to_e4m3(grouped / scale[:, :, None]).reshape(m, num_groups * group)[:, :k]
+    return xq, scale
+
+
+def e4m3_bits_to_float(bits: jax.Array) -> jax.Array:
+    """Decode e4m3 (``float8_e4m3fn``) bit patterns, given as unsigned or int32 values, to float32.
+
+    Integer and bit operations only, so it also runs where no fp8 conversion exists (Triton on
+    sm80, where Pallas refuses to cast from e4m3). Normal numbers are rebuilt as float32 bits
+    (exponent rebased from bias 7 to 127); subnormals as ``mantissa * 2**-9``, so no float32
+    subnormal (which a GPU may flush) is ever formed. The NaN pattern (0x7f/0xff) decodes to
+    +-480; quantization here never produces it.
+    """
+    b = bits.astype(jnp.int32)
+    sign_bit = jax.lax.shift_left(b & 0x80, 24)
+    normal_bits = jax.lax.shift_left(b & 0x7F, 20) + (120 << 23)
+    normal = jax.lax.bitcast_convert_type(sign_bit | normal_bits, jnp.float32)
+    subnormal = (b & 0x07).astype(jnp.float32) * (2.0**-9)
+    subnormal = jnp.where((b & 0x80) != 0, -subnormal, subnormal)
+    return jnp.where((b & 0x78) == 0, subnormal, normal)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiles
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmTiles:
+    """Static launch shape of one quantized matmul: tile sizes, split-K and Triton knobs."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+def default_split_k(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int) -> int:
+    """Split K only when the output tiles alone leave most SMs idle (decode shapes)."""
+    programs = cdiv(m, block_m) * cdiv(n, block_n)
+    k_steps = cdiv(k, block_k)
+    if programs >= _TARGET_PROGRAMS // 2 or k_steps < 2 * _MIN_K_STEPS_PER_SPLIT:
+        return 1
+    return max(1, min(_MAX_SPLIT_K, cdiv(_TARGET_PROGRAMS, programs),
+                      k_steps // _MIN_K_STEPS_PER_SPLIT))
+
+
+def default_tiles(m: int, n: int, k: int, *, operand_bytes: int, block_k: int | None = None,
+                  max_block_n: int = 128) -> GemmTiles:
+    """Tile policy: 16-row tiles with narrow N tiles and split-K for decode, 128 x 128 for prefill.
+
+    ``operand_bytes`` is the width of the dot's operands (1 for fp8 x fp8, 2 or 4 otherwise);
+    ``block_k`` fixes the K tile (the block-wise format pins it to its block size).
+    """
+    block_m = min(max(next_power_of_2(m), _MIN_DOT_DIM), 128)
+    block_n = min(64 if block_m <= 32 else 128, max_block_n)
+    if block_k is None:
+        block_k = 128 if operand_bytes == 1 else (64 if block_m >= 128 or operand_bytes == 4 else 128)
+    split_k = default_split_k(m, n, k, block_m, block_n, block_k)
+    num_warps = 8 if block_m * block_n >= 128 * 128 else 4
+    return GemmTiles(block_m, block_n, block_k, split_k, num_warps, num_stages=3 if block_m >= 64 else 4)
+
+
+def resolve_tiles(m: int, n: int, k: int, *, operand_bytes: int, block_m=None, block_n=None,
+                  block_k=None, split_k=None, num_warps=None, num_stages=None,
+                  max_block_n: int = 128, fixed_block_k: int | None = None) -> GemmTiles:
+    """Defaults for every knob left as None, then validation of the result (ValueError)."""
+    auto = default_tiles(m, n, k, operand_bytes=operand_bytes, block_k=fixed_block_k,
+                         max_block_n=max_block_n)
+    block_m = auto.block_m if block_m is None else block_m
+    block_n = auto.block_n if block_n is None else block_n
+    block_k = auto.block_k if block_k is None else block_k
+    for name, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
+        if not is_power_of_2(value) or value < _MIN_DOT_DIM:
+            raise ValueError(f"{name}={value!r} must be a power of two >= {_MIN_DOT_DIM} "
+                             "(Triton block shapes)")
+    if operand_bytes == 1 and block_k < 32:
+        raise ValueError(f"block_k={block_k} must be >= 32 for an fp8 dot")
+    if block_n > max_block_n:
+        raise ValueError(f"block_n={block_n} must be <= {max_block_n}")
+    if fixed_block_k is not None and block_k != fixed_block_k:
+        raise ValueError(f"block_k={block_k} must equal the quantization block ({fixed_block_k})")
+    if split_k is None:
+        split_k = (auto.split_k if (block_m, block_n, block_k) == (auto.block_m, auto.block_n,
+                                                                   auto.block_k)
+                   else default_split_k(m, n, k, block_m, block_n, block_k))
+    if not isinstance(split_k, int) or split_k < 1:
+        raise ValueError(f"split_k must be a positive int, got {split_k!r}")
+    num_warps = (8 if block_m * block_n >= 128 * 128 else 4) if num_warps is None else num_warps
+    num_stages = auto.num_stages if num_stages is None else num_stages
+    return GemmTiles(block_m, block_n, block_k, split_k, num_warps, num_stages)
+
+
+# ----------------------------------------------------------------------------------------------
+# Platform
+# ----------------------------------------------------------------------------------------------
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """``None``: interpret (run on the CPU) unless the default backend is a GPU."""
+    return jax.default_backend() != "gpu" if interpret is None else bool(interpret)
+
+
+def gpu_compute_capability() -> int | None:
+    """The first GPU's compute capability as an int (90 for sm_90), or None without a GPU."""
+    try:
+        device = jax.local_devices(backend="gpu")[0]
+    except RuntimeError:
+        return None
+    capability = getattr(device, "compute_capability", None)
+    if capability is None:
+        return None
+    return int(str(capability).replace(".", ""))
+
+
+def has_fp8_tensor_cores(capability: int | None) -> bool:
+    """Ada (sm_89) and Hopper (sm_90) onwards multiply e4m3 natively; A100 (sm_80) does not."""
+    return capability is not None and capability >= 89
+
+
+def require_fp8_tensor_cores(interpret: bool, what: str, instead: str) -> None:
+    """NotImplementedError when compiling for a GPU older than sm_89 (checked on the GPU itself;
+    interpret mode and CPU-side cross-lowering see no GPU and pass)."""
+    capability = None if interpret else gpu_compute_capability()
+    if capability is not None and not has_fp8_tensor_cores(capability):
+        raise NotImplementedError(f"{what} needs fp8 tensor cores (sm_89+: Ada, Hopper); this GPU "
+                                  f"is sm_{capability}. {instead}")
+
+
+def check_matmul_operands(x, w_q, *, weight_dtypes, name: str):
+    """Shared shape/dtype checks: ``x [M, K]`` float, ``w_q [N, K]`` of an allowed dtype."""
+    if x.ndim != 2:
+        raise ValueError(f"{name}: x must be [M, K], got shape {x.shape}")
+    if jnp.dtype(x.dtype) not in ACTIVATION_DTYPES:
+        raise ValueError(f"{name}: x dtype {x.dtype} unsupported; use bfloat16, float16 or float32")
+    if w_q.ndim != 2:
+        raise ValueError(f"{name}: w_q must be [N, K] (K-major), got shape {w_q.shape}")
+    if jnp.dtype(w_q.dtype) not in [jnp.dtype(d) for d in weight_dtypes]:
+        allowed = ", ".join(str(jnp.dtype(d)) for d in weight_dtypes)
+        raise ValueError(f"{name}: w_q dtype {w_q.dtype} unsupported; expected {allowed}")
+    if w_q.shape[1] != x.shape[1]:
+        raise ValueError(f"{name}: K of x ({x.shape[1]}) != K of w_q {w_q.shape} (w_q is [N, K])")
+    if x.shape[0] < 1 or w_q.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name}: empty operands x {x.shape}, w_q {w_q.shape}")
+
+
+# ----------------------------------------------------------------------------------------------
+# In-kernel helpers (Triton): masked tile loads and stores, the K range of a split
+# ----------------------------------------------------------------------------------------------
+
+
+def _bounds_mask(start, size: int, extent: int):
+    """[size] bool mask of ``start + i < extent``, or None when every tile fits exactly."""
+    if extent % size == 0:
+        return None
+    return start + jnp.arange(size, dtype=jnp.int32) < extent
+
+
+def _and(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
+def tile_mask(row0, rows: int, num_rows: int, col0, cols: int, num_cols: int):
+    """[rows, cols] mask of the in-bounds elements of a tile, or None when no mask is needed."""
+    row_mask = _bounds_mask(row0, rows, num_rows)
+    col_mask = _bounds_mask(col0, cols, num_cols)
+    return _and(None if row_mask is None else row_mask[:, None],
+                None if col_mask is None else col_mask[None, :])
+
+
+def load_tile(ref, row0, rows: int, col0, cols: int, other=0):
+    """A ``[rows, cols]`` tile of a 2-D ref at (row0, col0); out-of-bounds elements read ``other``."""
+    mask = tile_mask(row0, rows, ref.shape[0], col0, cols, ref.shape[1])
+    tile = ref.at[pl.ds(row0, rows), pl.ds(col0, cols)]
+    return plt.load(tile, mask=mask, other=None if mask is None else other)
+
+
+def load_vector(ref, start, size: int, other=0):
+    """``ref[start:start + size]`` of a 1-D ref, out-of-bounds elements reading ``other``."""
+    mask = _bounds_mask(start, size, ref.shape[0])
+    return plt.load(ref.at[pl.ds(start, size)], mask=mask, other=None if mask is None else other)
+
+
+def store_tile(ref, row0, col0, value, *, leading=()):
+    """Stores the in-bounds part of ``value`` at (row0, col0) of the last two dimensions of a ref,
+    at index ``leading`` of the ones before (the split of a split-K partial)."""
+    rows, cols = value.shape
+    mask = tile_mask(row0, rows, ref.shape[-2], col0, cols, ref.shape[-1])
+    plt.store(ref.at[(*leading, pl.ds(row0, rows), pl.ds(col0, cols))], value.astype(ref.dtype),
+              mask=mask)
+
+
+def split_k_range(split, k_steps: int, split_k: int):
+    """The K-loop steps ``[lo, hi)`` that split ``split`` of ``split_k`` covers."""
+    per_split = cdiv(k_steps, split_k)
+    lo = split * per_split
+    return lo, jnp.minimum(lo + per_split, k_steps)
