@@ -177,16 +177,14 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
                 jnp.zeros((num_kv_heads, rows, head_dim), jnp.float32))
         _, denom, acc = jax.lax.fori_loop(first_key // keys, last_key // keys + 1, visit, init)
         res = _normalise(denom, acc).reshape(num_kv_heads, group, q_block, head_dim).transpose(2, 0, 1, 3)
-        return out.at[b].set(res.reshape(q_block, num_heads, head_dim))
+        # rows past the block's n queries spill into the next rows, which a later block (or the caller, for
+        # single-query slots and padding) overwrites: blocks run in order
+        return jax.lax.dynamic_update_slice_in_dim(out, res.reshape(q_block, num_heads, head_dim),
+                                                   cu_q_lens[s] + offset, axis=0)
 
-    out = jnp.zeros((max_blocks_total, q_block, num_heads, head_dim), jnp.float32)
+    out = jnp.zeros((num_tokens + q_block, num_heads, head_dim), jnp.float32)
     out = jax.lax.fori_loop(0, jnp.minimum(block_end[-1], max_blocks_total), one_block, out)
-    # token t of a multi-query run: block start[s] + (t - cu[s]) // q_block, row (t - cu[s]) % q_block
-    t = jnp.arange(num_tokens)
-    s = jnp.clip(jnp.searchsorted(cu_q_lens, t, side="right") - 1, 0, num_seqs - 1)
-    i = t - cu_q_lens[s]
-    b = jnp.clip(block_start[s] + i // q_block, 0, max_blocks_total - 1)
-    return out[b, i % q_block]
+    return out[:num_tokens]
 
 
 def xla_ragged_paged_attention(

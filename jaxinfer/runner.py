@@ -112,11 +112,11 @@ class SampledToken:
 
 
 def choose_variant(params: list, max_logprobs: int) -> SamplerVariant:
-    """The cheapest compiled sampler that serves every row's parameters exactly."""
-    if all(p.greedy for p in params) and not any(p.has_penalties for p in params):
-        wants_logprobs = any(p.logprobs is not None for p in params)
-        return SamplerVariant(greedy=True, num_logprobs=max_logprobs if wants_logprobs else 0, penalties=False)
-    # one general variant: penalties cost nothing measurable when zero (CPU, 4,096-token vocabulary, 1-64 rows)
+    """The cheapest compiled token chooser that serves every row's parameters exactly: greedy rows without
+    penalties or logprobs take the argmax path; anything else the general one (penalties cost nothing
+    measurable when zero: CPU, 4,096-token vocabulary, 1-64 rows)."""
+    if all(p.greedy and not p.has_penalties and p.logprobs is None for p in params):
+        return SamplerVariant(greedy=True, num_logprobs=0, penalties=False)
     return SamplerVariant(greedy=False, num_logprobs=max_logprobs, penalties=True)
 
 
@@ -211,8 +211,7 @@ class ModelRunner:
         return Entry(choose_tokens, args, statics, f"{self.cfg.vocab_size}|{self.draft_q_shape}", run_once)
 
     def sampler_variants(self) -> list[SamplerVariant]:
-        return [SamplerVariant(True, 0, False), SamplerVariant(True, self.max_logprobs, False),
-                SamplerVariant(False, self.max_logprobs, True)]
+        return [SamplerVariant(True, 0, False), SamplerVariant(False, self.max_logprobs, True)]
 
     def plan_keys(self, samples: bool = True) -> list:
         """Every executable this runner may run: its step shapes and, if it samples (``samples``), the token

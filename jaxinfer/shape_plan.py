@@ -9,7 +9,9 @@ Step shapes (``StepShape``): the block-table width is always the full ``max_mode
 visits only the blocks some query needs, so a wide table costs a few bytes of transfer), and a step is one
 of three kinds:
 
-* decode — every sequence computes one token: ``S`` slots, ``T = S`` tokens, ``S`` logits rows;
+* decode — every sequence computes one token: ``S`` slots, ``T = S`` tokens, ``S`` logits rows, for ``S``
+  below 16 (from 16 sequences on, a decode step runs in the mixed shape of the same size: its attention
+  then costs the same, measured, and the plan stays smaller);
 * verify — under speculation, no sequence computes more than ``W = 1 + k`` tokens: ``T = S * W`` tokens,
   ``S * W`` logits rows for the target (one per scored position), ``S`` for a draft model's first round;
 * mixed — anything else (prompts, prefill chunks beside decodes): ``T`` tokens from the token buckets,
@@ -23,8 +25,9 @@ batch); tokens in powers of two from 16 to 256, then steps of 1.5x / 1.33x (384,
 2048, ...), the last being ``max_num_batched_tokens`` itself (a multi-token step's cost grows with its
 tokens, so padding is bounded by 1.5x).
 
-Sampler executables are keyed by (function, rows, ``SamplerVariant``): greedy without logprobs, greedy with
-the top ``max_logprobs``, and the general path (temperature, top-k/p, min-p, penalties, seeds).
+Sampler executables are keyed by (rows, ``SamplerVariant``): greedy without logprobs, and the general path
+(temperature, top-k/p, min-p, penalties, seeds, the top ``max_logprobs`` logprobs), which also serves
+greedy requests that ask for logprobs.
 """
 
 from __future__ import annotations
@@ -119,6 +122,12 @@ class ShapePlan:
     def token_buckets(self) -> tuple[int, ...]:
         return token_buckets(self.max_num_batched_tokens)
 
+    @property
+    def mixed_token_buckets(self) -> tuple[int, ...]:
+        """Token counts of mixed steps: the token buckets, and room for a decode of every sequence."""
+        return tuple(sorted(set(self.token_buckets) | ({self.seq_buckets[-1]} if self.seq_buckets[-1] >= MIN_TOKEN_BUCKET
+                                                       else set())))
+
     def _mixed(self, tokens: int) -> StepShape:
         seqs = min(tokens, self.seq_buckets[-1])
         return StepShape(tokens, seqs, seqs, 0)
@@ -127,29 +136,34 @@ class ShapePlan:
         w = self.query_width
         return StepShape(seqs * w, seqs, seqs * w if self.verify_logits == "all" else seqs, w)
 
+    @property
+    def decode_buckets(self) -> tuple[int, ...]:
+        """Batch sizes with a decode shape of their own (larger decode steps run in mixed shapes)."""
+        return tuple(s for s in self.seq_buckets if s < MIN_TOKEN_BUCKET)
+
     def step_shapes(self) -> list[StepShape]:
         """Every step shape this runner may run."""
-        shapes = [StepShape(s, s, s, 1) for s in self.seq_buckets]
+        shapes = [StepShape(s, s, s, 1) for s in self.decode_buckets]
         if self.query_width is not None:
             shapes += [self._verify(s) for s in self.seq_buckets]
-        shapes += [self._mixed(t) for t in self.token_buckets]
+        shapes += [self._mixed(t) for t in self.mixed_token_buckets]
         return sorted(set(shapes))
 
     def shape_for(self, run_lengths: list[int], num_logits: int) -> StepShape:
         """The planned shape of a step whose sequences compute ``run_lengths`` tokens each and that needs
         ``num_logits`` logits rows. Raises ValueError if the step exceeds the configuration."""
         n, total, longest = len(run_lengths), sum(run_lengths), max(run_lengths)
-        verify = self.query_width is not None and longest <= self.query_width
+        verify = self.query_width is not None and 1 < longest <= self.query_width
         if n > self.max_num_seqs or (longest > 1 and not verify and total > self.max_num_batched_tokens):
             raise ValueError(f"a step of {n} sequences and {total} tokens exceeds the plan "
                              f"(max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens})")
-        if longest == 1:
-            s = _first_at_least(self.seq_buckets, n)
+        if longest == 1 and n <= max(self.decode_buckets, default=0):
+            s = _first_at_least(self.decode_buckets, n)
             shape = StepShape(s, s, s, 1)
         elif verify:
             shape = self._verify(_first_at_least(self.seq_buckets, n))
-        else:
-            shape = self._mixed(_first_at_least(self.token_buckets, total))
+        else:  # the token budget never binds a decode step: max_num_seqs tokens always have a bucket
+            shape = self._mixed(_first_at_least(self.mixed_token_buckets, total))
         if num_logits > shape.num_logits:
             raise ValueError(f"{num_logits} logits rows do not fit {shape} (a step with a prefill chunk carries "
                              "no draft tokens)")

@@ -23,15 +23,20 @@ def test_buckets():
 def test_default_plan_is_small():
     plan = ShapePlan(max_num_seqs=64, max_num_batched_tokens=2048)
     shapes = plan.step_shapes()
-    assert len(shapes) == 18  # 7 decode + 11 mixed
+    assert len(shapes) == 15  # decode 1, 2, 4, 8 + 11 mixed (decodes of 16+ sequences run in mixed shapes)
     assert {s.kind for s in shapes} == {"decode", "mixed"}
+    assert plan.logits_rows() == [1, 2, 4, 8, 16, 32, 64]
     spec = ShapePlan(64, 2048, query_width=5).step_shapes()
-    assert len(spec) == 25 and sum(s.kind == "verify" for s in spec) == 7
+    assert len(spec) == 22 and sum(s.kind == "verify" for s in spec) == 7
+    # a decode of every sequence fits even when the token budget is smaller than max_num_seqs
+    small_budget = ShapePlan(max_num_seqs=64, max_num_batched_tokens=24)
+    assert small_budget.shape_for([1] * 64, 64) == StepShape(64, 64, 64, 0)
 
 
 def test_decode_verify_and_mixed_steps():
     plan = ShapePlan(max_num_seqs=64, max_num_batched_tokens=2048, query_width=5)
     assert plan.shape_for([1] * 3, 3) == StepShape(4, 4, 4, 1)
+    assert plan.shape_for([1] * 20, 20) == StepShape(32, 32, 32, 0)  # a large decode: a mixed shape
     assert plan.shape_for([5, 1, 3], 9) == StepShape(20, 4, 20, 5)  # verification, whatever the drafts
     assert plan.shape_for([300, 1, 1], 3) == StepShape(384, 64, 64, 0)
     assert plan.shape_for([6, 1], 2) == StepShape(16, 16, 16, 0)
