@@ -5,6 +5,9 @@ collective instruction with its kind, the bytes of its result, and the model sco
 ``model.forward`` runs every layer in ``jax.named_scope("layer{i}")`` (and the embedding / LM head in
 "embed" / "lm_head"), and XLA keeps that name in each instruction's ``op_name`` metadata, collectives
 inserted by the partitioner included. Async pairs count once (the ``-start`` half).
+
+XLA:CPU promotes bf16 all-reduces to f32 (its reduction computation is "..._promoted"): on a CPU the bytes of a
+bf16 model's all-reduces read twice what a GPU sends; ``elements`` does not depend on that.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ _DTYPE_BITS = {"pred": 8, "bf16": 16}
 class Collective:
     kind: str  # e.g. "all-reduce"
     bytes: int  # of its result (all arrays of a tuple-shaped, combined collective)
+    elements: int  # array elements of its result
     scope: str  # "layer3", "embed", "lm_head", or "" when the instruction carries no scope
 
 
@@ -35,14 +39,16 @@ def _bits(dtype: str) -> int:
     return int(dtype[1:])
 
 
-def _result_bytes(type_text: str) -> int:
-    total = 0
+def _result_size(type_text: str) -> tuple[int, int]:
+    """(bytes, elements) of an instruction's result type."""
+    total_bytes = total_elements = 0
     for m in _ARRAY.finditer(type_text):
         n = 1
         for d in filter(None, m["dims"].split(",")):
             n *= int(d)
-        total += n * _bits(m["dtype"]) // 8
-    return total
+        total_bytes += n * _bits(m["dtype"]) // 8
+        total_elements += n
+    return total_bytes, total_elements
 
 
 def _scope(op_name: str) -> str:
@@ -57,7 +63,8 @@ def collectives(hlo_text: str) -> list[Collective]:
         if m is None:
             continue
         name = _OP_NAME.search(line)
-        found.append(Collective(m["kind"], _result_bytes(m["type"]), _scope(name["name"]) if name else ""))
+        num_bytes, elements = _result_size(m["type"])
+        found.append(Collective(m["kind"], num_bytes, elements, _scope(name["name"]) if name else ""))
     return found
 
 
