@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import compare, kernels, latency, prefix, serve, serve_model, spec
+from bench import compare, kernels, latency, moe, prefix, serve, serve_model, spec, tp
 
 EXPERIMENTS = {
     "latency": latency,
@@ -16,6 +16,8 @@ EXPERIMENTS = {
     "serve": serve,
     "prefix": prefix,
     "serve-model": serve_model,
+    "tp": tp,
+    "moe": moe,
 }
 
 
