@@ -1,4 +1,5 @@
-"""The sharding layer without devices: the logical-axis table, validation, and the HLO collective counter.
+"""The sharding layer without devices: the logical-axis table, validation, the HLO collective counter, and
+the sharded step cross-lowered for CUDA on an abstract GPU mesh.
 
 Sharded execution (8 simulated devices, one subprocess) is in ``test_tensor_parallel.py``.
 """
@@ -132,3 +133,35 @@ def test_collective_counter():
     assert hlo.count_collectives(HLO) == {"all-reduce": 3, "all-gather": 1}
     assert hlo.collectives_by_scope(HLO) == {"embed": {"all-reduce": 1}, "layer0": {"all-reduce": 2},
                                              "": {"all-gather": 1}}
+
+
+@pytest.mark.parametrize("arch, tp, ep, impl", [("llama_gqa", 4, 1, "auto"), ("qwen3_moe", 4, 4, "tiles"),
+                                                ("qwen3_moe", 4, 2, "ragged_dot")])
+def test_sharded_step_cross_lowers_for_cuda(arch, tp, ep, impl, hf_checkpoints):
+    """The sharded decode step with the Pallas attention kernel under shard_map lowers for CUDA (a 4-GPU
+    abstract mesh: no device needed), so GPU lowering errors fail here."""
+    import jax.numpy as jnp
+    from jax._src.mesh import AbstractDevice
+    from jax.sharding import AbstractMesh, AxisType
+
+    from jaxinfer.attention import get_attention_fn
+    from jaxinfer.batch_packing import StepShape, abstract_batch
+    from jaxinfer.model import forward
+
+    cfg = ModelConfig.from_pretrained(hf_checkpoints[arch])
+    mesh = AbstractMesh((ep, tp // ep), ("expert", "tensor"), axis_types=(AxisType.Auto, AxisType.Auto),
+                        abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
+    plan = sharding.ShardingPlan.create(cfg, mesh)
+    batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=plan.batch_sharding),
+                         abstract_batch(StepShape(4, 4, 4, 4, 1, 0)))
+    attn = get_attention_fn("pallas", max_q_len=1, sliding_window=None, interpret=False)
+    step = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn(impl)),
+                   out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
+    with jax.sharding.use_abstract_mesh(mesh):
+        lowered = step.trace(plan.abstract_params(jnp.bfloat16), plan.abstract_kv_cache(16, 16, jnp.bfloat16),
+                             batch).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert "custom_call @__gpu$xla.gpu.triton" in text  # the kernel, lowered by Triton for the GPU
+    # per layer: attention under shard_map, and for an MoE model the MoE block (its psum an explicit all_reduce)
+    assert text.count("sdy.manual_computation") == cfg.num_layers * (2 if cfg.is_moe else 1)
+    assert text.count("all_reduce") == (cfg.num_layers if cfg.is_moe else 0)
