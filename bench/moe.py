@@ -15,6 +15,14 @@ grows the experts touched approach all 8 and both fall towards 1x).
 
 ``--impl tiles|ragged_dot|auto`` picks the routed-expert formulation (``jaxinfer.moe``): on XLA:CPU
 ``ragged_dot`` reads every expert, which this bench shows as MoE costing what the dense twin costs.
+``--layout`` keeps the experts stacked or gives each its own array (``moe.unstack_experts``; the default on a
+CPU, where picking an expert out of the stacked array copies it).
+
+A first table (``index_probe``) measures what selecting an expert by a traced index costs on this platform:
+the gate/up/down gemvs of every expert of one layer, read (a) from separate arrays, (b) from the stacked
+``[E, ...]`` arrays through ``dynamic_index_in_dim`` inside a ``lax.scan`` (what the "tiles" formulation
+does). On XLA:CPU (b) compiles to a copy of each selected expert feeding the dot (a ``dynamic-slice`` fusion
+in the HLO), so an active expert costs about three times its bytes; the ratio is the price of that copy.
 """
 
 from __future__ import annotations
@@ -79,9 +87,19 @@ def weight_bytes_read(cfg, itemsize: int, experts_per_layer: float) -> float:
     return weights * itemsize
 
 
-def bench_model(name: str, batch_sizes, context: int, num_steps: int, impl: str, dtype, bandwidth: float) -> list:
+def use_unstacked(layout: str, impl: str) -> bool:
+    """``--layout auto``: one buffer per expert on a CPU (see ``moe.unstack_experts``), stacked elsewhere."""
+    if layout == "auto":
+        return jax.default_backend() == "cpu" and impl != moe.RAGGED_DOT
+    return layout == "unstacked"
+
+
+def bench_model(name: str, batch_sizes, context: int, num_steps: int, impl: str, dtype, bandwidth: float,
+                unstacked: bool = False) -> list:
     cfg = preset_config(name)
     params = init_random_params(cfg, jax.random.key(0), dtype)
+    if cfg.is_moe and unstacked:
+        params = moe.unstack_experts(params)
     itemsize = jnp.dtype(dtype).itemsize
     attn = get_attention_fn("xla", max_q_len=1, sliding_window=cfg.sliding_window, num_prefill_slots=0)
     rows = []
@@ -113,17 +131,59 @@ def bench_model(name: str, batch_sizes, context: int, num_steps: int, impl: str,
     return rows
 
 
+def _median_time(fn, *args, repeats: int = 10) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def index_probe(name: str, dtype) -> dict:
+    """GB/s reading one layer's experts (gate, up, down gemvs): separate arrays vs a traced index."""
+    cfg = preset_config(name)
+    e, h, f = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    key = jax.random.key(0)
+    stacked = [jax.random.normal(jax.random.fold_in(key, i), shape, dtype) * 0.02
+               for i, shape in enumerate(((e, h, f), (e, h, f), (e, f, h)))]
+    separate = [[w[i] + 0 for w in stacked] for i in range(e)]
+    x = jnp.ones((1, h), dtype)
+    ffn = lambda x, g, u, d: (jax.nn.silu(x @ g) * (x @ u)) @ d  # noqa: E731
+
+    def by_index(x, ws, ids):
+        def body(_, i):
+            return None, ffn(x, *(jax.lax.dynamic_index_in_dim(w, i, keepdims=False) for w in ws))
+        return jax.lax.scan(body, None, ids)[1]
+
+    nbytes = sum(w.size for w in stacked) * jnp.dtype(dtype).itemsize
+    separate_s = _median_time(jax.jit(lambda x, ws: [ffn(x, *w) for w in ws]), x, separate)
+    index_s = _median_time(jax.jit(by_index), x, stacked, jnp.arange(e))
+    return {"expert_bytes": nbytes // e, "separate_gb_s": nbytes / separate_s / 1e9,
+            "dynamic_index_gb_s": nbytes / index_s / 1e9, "slowdown": index_s / separate_s}
+
+
 def run(args) -> dict:
     dtype = jnp.dtype(args.dtype)
     bw = hardware.measure_bandwidth()
+    probe = index_probe(args.model, dtype)
+    report.print_table(
+        f"reading {args.model}'s experts of one layer at batch 1 ({jax.default_backend()}): separate arrays vs "
+        "a traced index into the stacked arrays (the 'tiles' formulation)",
+        ["MB per expert", "separate GB/s", "dynamic index GB/s", "slowdown"],
+        [[probe["expert_bytes"] / 1e6, probe["separate_gb_s"], probe["dynamic_index_gb_s"], probe["slowdown"]]])
     results = []
+    unstacked = use_unstacked(args.layout, args.impl)
     for name in (args.model, args.dense_model):
-        results += bench_model(name, args.batch_sizes, args.context, args.steps, args.impl, dtype, bw.bytes_per_s)
+        results += bench_model(name, args.batch_sizes, args.context, args.steps, args.impl, dtype, bw.bytes_per_s,
+                               unstacked)
     rows = [[r["model"], r["batch_size"], r["step_s"] * 1e3, r["tok_per_s"],
              "-" if r["experts_per_layer"] is None else r["experts_per_layer"], r["weight_bytes_read"] / 1e6,
              r["floor_s"] * 1e3, r["floor_fraction"]] for r in results]
     report.print_table(
         f"MoE vs dense twin — decode, context {args.context}, {dtype.name}, impl {args.impl}, "
+        f"experts {'unstacked' if unstacked else 'stacked'}, "
         f"{jax.default_backend()}; bandwidth {bw.bytes_per_s / 1e9:.1f} GB/s ({bw.probe})",
         ["model", "batch", "step ms", "tok/s", "experts/layer", "weights MB/step", "floor ms", "floor/step"], rows)
     by = {(r["model"], r["batch_size"]): r for r in results}
@@ -142,7 +202,8 @@ def run(args) -> dict:
          for s in summary])
     payload = {"benchmark": "moe", "machine": hardware.machine_info(), "model": args.model,
                "dense_model": args.dense_model, "dtype": dtype.name, "context": args.context, "impl": args.impl,
-               "bandwidth": bw.to_json(), "results": results, "summary": summary}
+               "experts_unstacked": unstacked,
+               "bandwidth": bw.to_json(), "index_probe": probe, "results": results, "summary": summary}
     report.write_json(args.output, payload)
     return payload
 
@@ -154,5 +215,7 @@ def add_arguments(p) -> None:
     p.add_argument("--context", type=int, default=64, help="tokens already in each sequence's KV cache")
     p.add_argument("--steps", type=report.positive_int, default=20, help="timed decode steps per batch size")
     p.add_argument("--impl", choices=moe.IMPLS, default="auto", help="routed-expert formulation (jaxinfer.moe)")
+    p.add_argument("--layout", choices=("auto", "stacked", "unstacked"), default="auto",
+                   help="expert weights stacked [E, ...] or one array each (auto: one each on a CPU)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--output", default=None, help="write the results as JSON here")

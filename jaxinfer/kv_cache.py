@@ -9,6 +9,8 @@ all blocks for its own heads, so the block ids are the same on every device.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -20,9 +22,13 @@ KVCache = list  # list[tuple[jax.Array, jax.Array]], one (k, v) per layer
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, sharding=None) -> KVCache:
     """Zeroed cache arrays; ``sharding``: where each array lives (None: the default device). Each array is
     created in place on its devices (no host or single-device copy of the whole cache)."""
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+    zeros = _zeros_fn((num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim), jnp.dtype(dtype), sharding)
     return [(zeros(), zeros()) for _ in range(cfg.num_layers)]
+
+
+@functools.lru_cache(maxsize=None)
+def _zeros_fn(shape, dtype, sharding):
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
 
 
 def kv_cache_bytes_per_block(cfg: ModelConfig, block_size: int, dtype) -> int:

@@ -10,6 +10,9 @@ pair is then computed by its expert only, never a dense loop over all experts:
   tiles are skipped by ``lax.cond``, so a step reads the weights of the experts it routes to and no
   others: at batch 1 with top-2, two experts per layer. ``M`` grows with the pairs per expert (1 at batch 1,
   i.e. matrix-vector products; up to 128 for long prefills), bounding the padding to < M rows per expert.
+  XLA:CPU copies an expert picked from the stacked array by a traced index before the dot (about 3x its
+  bytes, measured by ``bench/moe.py``); ``unstack_experts`` gives every expert its own buffer, which the
+  tiles then pick with ``lax.switch`` and read in place (one-device CPU runs).
 * ``"ragged_dot"``: the sorted pairs go through ``jax.lax.ragged_dot`` (one grouped GEMM per projection).
 
 Which one runs is a static choice (``choose_impl``) from the platform and the step's token count, made
@@ -34,6 +37,8 @@ sum on its own FFN shard, so a layer's MoE block costs one all-reduce in all.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +79,29 @@ def _expert_ffn(x, w_gate, w_up, w_down):
     return linear(jax.nn.silu(linear(x, w_gate)) * linear(x, w_up), w_down)
 
 
+def num_experts_of(w) -> int:
+    """Experts held in a stacked ``[E, ...]`` array or an ``unstack_experts`` tuple."""
+    return len(w) if isinstance(w, (list, tuple)) else w.shape[0]
+
+
+def unstack_experts(params):
+    """The params with each layer's stacked expert arrays split into tuples of per-expert arrays.
+
+    For one-device CPU runs: XLA:CPU materialises a copy of an expert picked from a stacked array by a traced
+    index (the HLO shows a dynamic-slice fusion feeding the dot), so an active expert costs about three times
+    its bytes; with one buffer per expert the "tiles" formulation picks it with ``lax.switch`` and reads it in
+    place (``bench/moe.py`` measures both). Not for sharded params: expert parallelism needs the stacked axis.
+    """
+    layers = []
+    for lp in params["layers"]:
+        lp = dict(lp)
+        for k in ("expert_w_gate", "expert_w_up", "expert_w_down"):
+            if k in lp and not isinstance(lp[k], (list, tuple)):
+                lp[k] = tuple(lp[k][i] for i in range(lp[k].shape[0]))
+        layers.append(lp)
+    return {**params, "layers": layers}
+
+
 def _sorted_pairs(ids, weights, valid, expert_offset, num_local):
     """Flatten (token, choice) pairs, map them to local expert ids (``num_local`` = not on this device or a
     padding token) and sort them by expert: (expert [P], weight [P], token [P], per-expert counts [E_local])."""
@@ -88,7 +116,7 @@ def _sorted_pairs(ids, weights, valid, expert_offset, num_local):
 
 def _routed_tiles(x, expert, weight, token, counts, w_gate, w_up, w_down):
     """The sorted pairs through row tiles owned by one expert each (see the module doc): [P, H] outputs."""
-    num_pairs, num_local = expert.shape[0], w_gate.shape[0]
+    num_pairs, num_local = expert.shape[0], num_experts_of(w_gate)
     rows = tile_rows(num_pairs, num_local)
     num_tiles = -(-num_pairs // rows) + min(num_pairs, num_local)  # every expert's rows pad to < 1 extra tile
     tiles_per_expert = (counts + rows - 1) // rows
@@ -99,17 +127,18 @@ def _routed_tiles(x, expert, weight, token, counts, w_gate, w_up, w_down):
     dest = jnp.where(expert < num_local, (tile_end[e] - tiles_per_expert[e]) * rows + rank, num_tiles * rows)
     padded = jnp.zeros((num_tiles * rows, x.shape[1]), x.dtype).at[dest].set(x[token], mode="drop")
     tile_expert = jnp.searchsorted(tile_end, jnp.arange(num_tiles), side="right")  # num_local: unused tile
+    skip = lambda xt: jnp.zeros((rows, x.shape[1]), x.dtype)  # noqa: E731
+    if isinstance(w_gate, (list, tuple)):  # one array per expert: a switch, each branch reads its own buffer
+        branches = [functools.partial(_expert_ffn, w_gate=g, w_up=u, w_down=d) for g, u, d in zip(w_gate, w_up, w_down)]
+        run_tile = lambda owner, xt: jax.lax.switch(owner, branches + [skip], xt)  # noqa: E731
+    else:  # stacked: index the owner's slice (XLA:CPU copies it; see unstack_experts)
+        def run_tile(owner, xt):
+            pick = lambda w: jax.lax.dynamic_index_in_dim(w, owner, keepdims=False)  # noqa: E731
+            ffn = lambda xt: _expert_ffn(xt, pick(w_gate), pick(w_up), pick(w_down))  # noqa: E731
+            return jax.lax.cond(owner < num_local, ffn, skip, xt)
 
     def tile(_, t):
-        owner = tile_expert[t]
-
-        def compute(_):
-            xt = jax.lax.dynamic_slice_in_dim(padded, t * rows, rows)
-            pick = lambda w: jax.lax.dynamic_index_in_dim(w, owner, keepdims=False)  # noqa: E731
-            return _expert_ffn(xt, pick(w_gate), pick(w_up), pick(w_down))
-
-        skip = lambda _: jnp.zeros((rows, x.shape[1]), x.dtype)  # noqa: E731
-        return None, jax.lax.cond(owner < num_local, compute, skip, None)
+        return None, run_tile(tile_expert[t], jax.lax.dynamic_slice_in_dim(padded, t * rows, rows))
 
     _, out = jax.lax.scan(tile, None, jnp.arange(num_tiles))
     out = out.reshape(num_tiles * rows, x.shape[1])
@@ -125,11 +154,13 @@ def _routed_ragged_dot(x, expert, weight, token, counts, w_gate, w_up, w_down):
 
 def routed_experts(x, weights, ids, valid, w_gate, w_up, w_down, *, expert_offset=0, impl: str = "auto"):
     """Sum over each token's chosen experts (those among the local ``w_*[E_local, ...]``) of weight x FFN."""
-    num_local = w_gate.shape[0]
+    num_local = num_experts_of(w_gate)
     if impl == "auto":
-        impl = choose_impl(ids.size, num_local, jax.default_backend())
+        impl = TILES if isinstance(w_gate, (list, tuple)) else choose_impl(ids.size, num_local, jax.default_backend())
     if impl not in (TILES, RAGGED_DOT):
         raise ValueError(f"moe impl must be one of {IMPLS}, got {impl!r}")
+    if impl == RAGGED_DOT and isinstance(w_gate, (list, tuple)):
+        raise ValueError("the ragged_dot formulation needs stacked expert weights (not unstack_experts)")
     expert, weight, token, counts = _sorted_pairs(ids, weights, valid, expert_offset, num_local)
     compute = _routed_tiles if impl == TILES else _routed_ragged_dot
     out = compute(x, expert, weight, token, counts, w_gate, w_up, w_down).astype(jnp.float32)

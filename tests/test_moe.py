@@ -238,3 +238,24 @@ def test_formulation_choice_is_explicit():
     with pytest.raises(ValueError, match="moe impl"):
         moe.moe_block(_layer(MOE_CFGS["mixtral_like"], 0), jnp.zeros((1, 16)), jnp.ones(1, bool),
                       MOE_CFGS["mixtral_like"], impl="dense")
+
+
+@pytest.mark.parametrize("num_tokens", [1, 16])
+def test_unstacked_experts_compute_the_same(num_tokens):
+    """One buffer per expert (lax.switch over them) equals the stacked arrays; only routed experts are run."""
+    cfg = MOE_CFGS["qwen2_moe_like"]
+    lp = _layer(cfg, seed=11)
+    x = jax.random.normal(jax.random.key(12), (num_tokens, cfg.hidden_size))
+    valid = jnp.ones(num_tokens, bool)
+    unstacked = moe.unstack_experts({"layers": [lp]})["layers"][0]
+    assert isinstance(unstacked["expert_w_up"], tuple) and len(unstacked["expert_w_up"]) == cfg.num_experts
+    block = jax.jit(functools.partial(moe.moe_block, cfg=cfg))
+    got = block(unstacked, x, valid)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(moe.moe_block(lp, x, valid, cfg)), atol=1e-5, rtol=0)
+    if num_tokens == 1:
+        _, ids = moe.route(x, lp["router"], cfg, valid)
+        poisoned = {k: (tuple(w if i in np.asarray(ids) else jnp.full_like(w, jnp.nan) for i, w in enumerate(v))
+                        if k.startswith("expert_w") else v) for k, v in unstacked.items()}
+        np.testing.assert_array_equal(np.asarray(block(poisoned, x, valid)), np.asarray(got))
+    with pytest.raises(ValueError, match="stacked"):
+        moe.moe_block(unstacked, x, valid, cfg, impl="ragged_dot")
