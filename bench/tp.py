@@ -32,7 +32,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bench import hardware, report
 

@@ -114,7 +114,7 @@ def _sorted_pairs(ids, weights, valid, expert_offset, num_local):
     return expert[order], weights.reshape(-1)[order], (order // k).astype(jnp.int32), counts
 
 
-def _routed_tiles(x, expert, weight, token, counts, w_gate, w_up, w_down):
+def _routed_tiles(x, expert, token, counts, w_gate, w_up, w_down):
     """The sorted pairs through row tiles owned by one expert each (see the module doc): [P, H] outputs."""
     num_pairs, num_local = expert.shape[0], num_experts_of(w_gate)
     rows = tile_rows(num_pairs, num_local)
@@ -145,7 +145,7 @@ def _routed_tiles(x, expert, weight, token, counts, w_gate, w_up, w_down):
     return out[jnp.minimum(dest, num_tiles * rows - 1)]
 
 
-def _routed_ragged_dot(x, expert, weight, token, counts, w_gate, w_up, w_down):
+def _routed_ragged_dot(x, expert, token, counts, w_gate, w_up, w_down):
     """The sorted pairs through ``jax.lax.ragged_dot`` (pairs past the local groups come back as zeros)."""
     xs = x[token]
     h = jax.nn.silu(jax.lax.ragged_dot(xs, w_gate, counts)) * jax.lax.ragged_dot(xs, w_up, counts)
@@ -163,7 +163,7 @@ def routed_experts(x, weights, ids, valid, w_gate, w_up, w_down, *, expert_offse
         raise ValueError("the ragged_dot formulation needs stacked expert weights (not unstack_experts)")
     expert, weight, token, counts = _sorted_pairs(ids, weights, valid, expert_offset, num_local)
     compute = _routed_tiles if impl == TILES else _routed_ragged_dot
-    out = compute(x, expert, weight, token, counts, w_gate, w_up, w_down).astype(jnp.float32)
+    out = compute(x, expert, token, counts, w_gate, w_up, w_down).astype(jnp.float32)
     out = jnp.where((expert < num_local)[:, None], out * weight[:, None], 0.0)
     return jnp.zeros((x.shape[0], x.shape[1]), jnp.float32).at[token].add(out)
 
