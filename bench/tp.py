@@ -14,7 +14,8 @@ Predicted speedup (a model, labelled as such in the output; every figure overrid
     t(N) = R(N) / bandwidth + A(N) x (latency + 2 (N - 1) / N x bytes(N) / link)
 
 R(N) the weight and KV bytes each device reads per step (weights from the shardings: the embedding table
-counts one row per token, the LM head in full; KV split by head), A(N) the all-reduces per step and bytes(N)
+counts one row per token, the LM head in full; of an MoE model's routed experts at most batch x top-k, see
+``bytes_read_per_device``; KV split by head), A(N) the all-reduces per step and bytes(N)
 what each carries (from the HLO; a ring all-reduce moves 2 (N - 1) / N of it per device). Two bandwidths:
 this machine's device memory bandwidth, measured in the same run, and ``--accelerator-gbps`` (default
 4800 GB/s, an H200's HBM3e). ``--link-latency-us`` (default 10) and ``--link-gbps`` (default 450, NVLink 4
@@ -67,10 +68,18 @@ def decode_step(plan, batch_size: int, context: int, dtype):
 
 
 def bytes_read_per_device(plan, batch_size: int, context: int, dtype) -> int:
+    """Weight and KV bytes the busiest device reads in a decode step. An MoE model reads, of its routed
+    experts, at most ``batch x top-k`` distinct ones; under expert parallelism the busiest device is taken to
+    hold all of them (as many as it has), each split over the devices of its expert group."""
     cfg, n, itemsize = plan.cfg, plan.tensor_parallel_size, jnp.dtype(dtype).itemsize
     weights = plan.weight_bytes_per_device(dtype)
     if not cfg.tie_word_embeddings:  # the embedding table: one row per token, not the whole table
         weights -= cfg.vocab_size * cfg.hidden_size * itemsize // n
+    if cfg.is_moe:
+        ep = plan.expert_parallel_size
+        expert_bytes = cfg.num_layers * cfg.expert_params * itemsize // (n // ep)  # one expert, its share
+        touched = min(cfg.num_experts // ep, batch_size * cfg.num_experts_per_tok)
+        weights += (touched - cfg.num_experts // ep) * expert_bytes
     kv = batch_size * context * 2 * cfg.num_layers * cfg.kv_size * itemsize // n
     return weights + kv
 
@@ -123,7 +132,11 @@ def run(args) -> dict:
             print(f"TP={n}: skipped, only {jax.device_count()} {jax.default_backend()} and "
                   f"{len(jax.devices('cpu'))} CPU devices")
             continue
-        plan = sharding.ShardingPlan.create(cfg, sharding.make_mesh(n, devices=devices))
+        try:
+            plan = sharding.ShardingPlan.create(cfg, sharding.make_mesh(n, n if args.expert_parallel else 1, devices))
+        except ValueError as e:
+            print(f"TP={n}: skipped: {e}")
+            continue
         step, abstract_args = decode_step(plan, args.batch, args.context, dtype)
         found = sharding.hlo.collectives(step.lower(*abstract_args).compile().as_text())
         all_reduces = [c for c in found if c.kind == "all-reduce"]
@@ -150,7 +163,8 @@ def run(args) -> dict:
                      *(["-", "-"] if not base else [r["predicted_speedup"]["measured_bw"], r["predicted_speedup"]["accelerator"]]),
                      "-" if r["measured_speedup"] is None else r["measured_speedup"], ref])
     report.print_table(
-        f"tensor parallelism — {args.model} ({dtype.name}), decode batch {args.batch}, context {args.context}. "
+        f"tensor parallelism{' + expert parallelism' if args.expert_parallel else ''} — {args.model} ({dtype.name}), "
+        f"decode batch {args.batch}, context {args.context}. "
         f"PREDICTED speedup = t(1)/t(N), t(N) = bytes read per device / bandwidth + all-reduces x (latency "
         f"{args.link_latency_us:g} us + 2(N-1)/N x bytes / {args.link_gbps:g} GB/s) (stated link figures); "
         f"bandwidth: measured {bw.bytes_per_s / 1e9:.1f} GB/s ({jax.default_backend()}) or stated "
@@ -159,6 +173,7 @@ def run(args) -> dict:
          "pred. speedup (measured bw)", f"pred. speedup ({args.accelerator_gbps:g} GB/s)", "measured speedup",
          "reference"], rows)
     payload = {"benchmark": "tp", "machine": hardware.machine_info(), "model": args.model, "dtype": dtype.name,
+               "expert_parallel": args.expert_parallel,
                "batch": args.batch, "context": args.context, "bandwidth": bw.to_json(),
                "model_of_prediction": {"link_latency_us": args.link_latency_us, "link_gbps": args.link_gbps,
                                        "accelerator_gbps": args.accelerator_gbps},
@@ -170,6 +185,7 @@ def run(args) -> dict:
 def add_arguments(p) -> None:
     p.add_argument("--model", default="random:qwen2.5-7b", help="random:<preset> (shapes only)")
     p.add_argument("--tp-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--expert-parallel", action="store_true", help="MoE: experts spread over the TP devices")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--batch", type=report.positive_int, default=1)
     p.add_argument("--context", type=int, default=512)

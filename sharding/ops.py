@@ -30,6 +30,8 @@ MOE_KEYS = ("router", "expert_w_gate", "expert_w_up", "expert_w_down",
 
 def shard_attention(attn_fn, mesh: Mesh):
     """``attn_fn`` (``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)``) per device."""
+    if mesh.size == 1:
+        return attn_fn
     heads, cache, rep = partition_spec(HEADS_ACTIVATION_AXES), partition_spec(KV_CACHE_AXES), PartitionSpec()
 
     def sharded(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale):
@@ -42,6 +44,8 @@ def shard_attention(attn_fn, mesh: Mesh):
 
 def shard_moe(mesh: Mesh, cfg: ModelConfig, impl: str = "auto"):
     """A ``moe_fn(lp, x, valid, cfg)`` for ``model.forward``: local experts + one psum (see module doc)."""
+    if mesh.size == 1:  # nothing to split: no shard_map, no (trivial) all-reduce
+        return functools.partial(moe.moe_block, impl=impl)
     layer_specs = weights.param_specs(cfg)["layers"][0]
     keys = tuple(k for k in MOE_KEYS if k in layer_specs)
     param_specs = {k: partition_spec(layer_specs[k].logical_axes) for k in keys}
