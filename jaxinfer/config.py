@@ -1,8 +1,9 @@
 """Frozen model configuration, parsed from a Hugging Face ``config.json``.
 
-One dataclass describes every supported decoder (Llama, Mistral, Qwen2, Qwen3): the differences
-between them are flags (q/k/v bias, q/k RMSNorm, tied embeddings) rather than subclasses. The config is
-hashable so it can be a static argument of jitted functions.
+One dataclass describes every supported decoder (Llama, Mistral, Qwen2, Qwen3, and the mixture-of-experts
+Mixtral, Qwen2-MoE, Qwen3-MoE): the differences between them are flags and sizes (q/k/v bias, q/k RMSNorm,
+tied embeddings, number of experts, a shared expert) rather than subclasses. The config is hashable so it
+can be a static argument of jitted functions.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 SUPPORTED_ROPE_SCALING = ("default", "llama3", "linear")
 
@@ -39,7 +44,7 @@ class RopeScaling:
 class ModelConfig:
     """Shapes and numerics of one decoder-only transformer."""
 
-    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    architecture: str  # a value of SUPPORTED_ARCHITECTURES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -58,6 +63,12 @@ class ModelConfig:
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Mixture of experts (every layer's MLP is an MoE block when num_experts > 0; 0 = a dense model).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # each expert's FFN width
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert behind a sigmoid gate; 0 = none
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -67,6 +78,19 @@ class ModelConfig:
             )
         if self.hidden_act not in ("silu", "swish"):
             raise NotImplementedError(f"hidden_act={self.hidden_act!r} is not supported (only silu)")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts={self.num_experts}]"
+                )
+            if self.moe_intermediate_size < 1:
+                raise ValueError(f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}")
+        elif self.num_experts_per_tok or self.shared_expert_intermediate_size:
+            raise ValueError("num_experts_per_tok / shared_expert_intermediate_size need num_experts > 0")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def q_size(self) -> int:
@@ -77,17 +101,34 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert in one layer (gate, up and down projections); 0 if dense."""
+        return 3 * self.hidden_size * self.moe_intermediate_size if self.is_moe else 0
+
+    @property
     def num_params(self) -> int:
-        """Parameter count (embedding counted once when tied)."""
-        h, f = self.hidden_size, self.intermediate_size
+        """Parameter count (embedding counted once when tied; every expert of an MoE model)."""
+        h = self.hidden_size
         attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
         if self.qk_norm:
             attn += 2 * self.head_dim
-        per_layer = attn + 3 * h * f + 2 * h
+        if self.is_moe:
+            mlp = h * self.num_experts + self.num_experts * self.expert_params  # router + experts
+            if self.shared_expert_intermediate_size:
+                mlp += 3 * h * self.shared_expert_intermediate_size + h  # shared expert + its sigmoid gate
+        else:
+            mlp = 3 * h * self.intermediate_size
+        per_layer = attn + mlp + 2 * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * per_layer + h + head
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses: ``num_params`` less the experts it is not routed to (equal for dense)."""
+        unused = self.num_layers * (self.num_experts - self.num_experts_per_tok) * self.expert_params
+        return self.num_params - unused
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
@@ -112,6 +153,10 @@ class ModelConfig:
         window = _parse_sliding_window(d, family)
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        if family == "qwen2_moe":
+            attention_bias = bool(d.get("qkv_bias", True))
+        else:
+            attention_bias = family == "qwen2" or bool(d.get("attention_bias", False))
         return cls(
             architecture=family,
             vocab_size=int(d["vocab_size"]),
@@ -126,12 +171,13 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=family == "qwen2" or bool(d.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
+            attention_bias=attention_bias,
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             sliding_window=window,
             hidden_act=d.get("hidden_act", "silu"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            **_parse_moe(d, family),
         )
 
     @classmethod
@@ -162,8 +208,19 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
         }
-        if self.architecture == "llama":
+        if self.architecture in ("llama", "qwen3_moe"):
             d["attention_bias"] = self.attention_bias
+        if self.architecture == "mixtral":
+            d["num_local_experts"] = self.num_experts
+            d["num_experts_per_tok"] = self.num_experts_per_tok
+            d["intermediate_size"] = self.moe_intermediate_size
+        elif self.is_moe:
+            d.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                     moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
+                     decoder_sparse_step=1, mlp_only_layers=[])
+            if self.architecture == "qwen2_moe":
+                d["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
+                d["qkv_bias"] = self.attention_bias
         if self.rope_scaling is not None:
             d["rope_scaling"] = dataclasses.asdict(self.rope_scaling)
         if self.sliding_window is not None:
@@ -192,8 +249,37 @@ def _parse_rope_scaling(scaling: dict[str, Any] | None) -> RopeScaling | None:
     )
 
 
+def _parse_moe(d: dict[str, Any], family: str) -> dict[str, Any]:
+    """The MoE fields of a config dict (hub and transformers-5 spellings); refuses layouts we cannot run."""
+    if family not in MOE_FAMILIES:
+        return {}
+    # Mixtral and Qwen3-MoE checkpoints written by transformers 5 say num_local_experts; the hub's say num_experts.
+    num_experts = d.get("num_local_experts", d.get("num_experts"))
+    if num_experts is None:
+        raise ValueError(f"a {family} config needs num_experts (or num_local_experts)")
+    if family == "mixtral":  # every expert is intermediate_size wide; top-k weights always renormalised
+        return dict(num_experts=int(num_experts), num_experts_per_tok=int(d.get("num_experts_per_tok", 2)),
+                    moe_intermediate_size=int(d["intermediate_size"]), norm_topk_prob=True)
+    if int(d.get("decoder_sparse_step", 1)) != 1 or d.get("mlp_only_layers"):
+        raise NotImplementedError(
+            f"{family}: dense MLP layers between MoE layers (decoder_sparse_step="
+            f"{d.get('decoder_sparse_step', 1)}, mlp_only_layers={d.get('mlp_only_layers')}) are not supported; "
+            "only checkpoints whose every layer is an MoE block"
+        )
+    shared = int(d.get("shared_expert_intermediate_size") or 0) if family == "qwen2_moe" else 0
+    if family == "qwen2_moe" and shared == 0:
+        raise NotImplementedError("qwen2_moe without a shared expert (shared_expert_intermediate_size=0)")
+    return dict(num_experts=int(num_experts), num_experts_per_tok=int(d["num_experts_per_tok"]),
+                moe_intermediate_size=int(d["moe_intermediate_size"]),
+                norm_topk_prob=bool(d.get("norm_topk_prob", False)), shared_expert_intermediate_size=shared)
+
+
 def _parse_sliding_window(d: dict[str, Any], family: str) -> int | None:
     window = d.get("sliding_window")
+    if family in ("qwen2_moe", "qwen3_moe"):
+        if d.get("use_sliding_window", False):
+            raise NotImplementedError(f"{family} with use_sliding_window=True is not supported")
+        return None
     if window is None:
         return None
     if family in ("qwen2", "qwen3"):

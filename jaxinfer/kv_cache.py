@@ -2,10 +2,14 @@
 
 Layout, per layer: ``k`` and ``v`` of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``. A cache slot
 ``s`` is block ``s // block_size``, offset ``s % block_size``. The whole cache is a list (one entry per layer) of
-``(k, v)`` tuples and is donated to the jitted step, which updates it in place.
+``(k, v)`` tuples and is donated to the jitted step, which updates it in place. Under tensor parallelism
+each array is sharded over the KV-head axis (``sharding.ShardingPlan.kv_cache_sharding``): every device holds
+all blocks for its own heads, so the block ids are the same on every device.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +19,16 @@ from jaxinfer.config import ModelConfig
 KVCache = list  # list[tuple[jax.Array, jax.Array]], one (k, v) per layer
 
 
-def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype) -> KVCache:
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, sharding=None) -> KVCache:
+    """Zeroed cache arrays; ``sharding``: where each array lives (None: the default device). Each array is
+    created in place on its devices (no host or single-device copy of the whole cache)."""
+    zeros = _zeros_fn((num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim), jnp.dtype(dtype), sharding)
+    return [(zeros(), zeros()) for _ in range(cfg.num_layers)]
+
+
+@functools.lru_cache(maxsize=None)
+def _zeros_fn(shape, dtype, sharding):
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
 
 
 def kv_cache_bytes_per_block(cfg: ModelConfig, block_size: int, dtype) -> int:

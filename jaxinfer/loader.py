@@ -4,6 +4,9 @@
   ``model.safetensors.index.json``) into the params pytree declared in ``jaxinfer.weights``, without
   torch: tensors come through ``safetensors`` as numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``), are
   checked against the declaration, transposed to ``[in, out]``, cast, and placed on device one at a time.
+  Per-expert tensors of an MoE model are written into their slot of the stacked ``[E, ...]`` array on the
+  device (allocated when its first expert arrives, updated in place), so host memory still holds one
+  tensor at a time.
 * ``save_params`` / ``restore_params`` store the pytree with orbax next to an HF ``config.json`` (the
   ``jaxinfer convert`` format); ``convert_hf_checkpoint`` does HF -> orbax end to end.
 
@@ -12,6 +15,7 @@ Every failure names the file and tensor involved.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -23,7 +27,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from jaxinfer.config import ModelConfig
-from jaxinfer.weights import abstract_params, hf_name_table
+from jaxinfer.weights import ParamSpec, abstract_params, spec_leaves_with_paths
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -98,9 +102,52 @@ def _empty_tree(cfg: ModelConfig) -> dict[str, Any]:
     return {"layers": [{} for _ in range(cfg.num_layers)]}
 
 
+class _HostPlacer:
+    """Arrays stay numpy; a stacked leaf is a host buffer filled slot by slot."""
+
+    def place(self, arr, path):
+        return arr
+
+    def new_stack(self, shape, dtype, path):
+        return np.zeros(shape, dtype)
+
+    def set_slot(self, stack, slot, arr, path):
+        stack[slot] = arr
+        return stack
+
+
+class _DevicePlacer:
+    """Arrays go to device with the given shardings; a stacked leaf is a device array updated in place."""
+
+    def __init__(self, shardings):
+        self.shardings = shardings
+
+    def place(self, arr, path):
+        return jax.device_put(arr, _sharding_for(self.shardings, path))
+
+    def new_stack(self, shape, dtype, path):
+        return _zeros_fn(shape, np.dtype(dtype), _sharding_for(self.shardings, path))()
+
+    def set_slot(self, stack, slot, arr, path):
+        return _set_slot_fn(stack.sharding)(stack, arr, np.int32(slot))
+
+
+@functools.lru_cache(maxsize=None)
+def _zeros_fn(shape, dtype, sharding):
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=None)
+def _set_slot_fn(sharding):
+    """``stack.at[slot].set(arr)`` in place (the stack is donated); compiled once per stacked leaf shape."""
+    return jax.jit(lambda stack, arr, slot: jax.lax.dynamic_update_index_in_dim(stack, arr.astype(stack.dtype),
+                                                                                   slot, 0),
+                   out_shardings=sharding, donate_argnums=0)
+
+
 def load_hf_params_host(model_dir: str | Path, cfg: ModelConfig, dtype: Any = jnp.float32) -> dict[str, Any]:
     """Like ``load_hf_params`` but returns host numpy arrays (for conversion or custom placement)."""
-    return _load(model_dir, cfg, dtype, place=lambda arr, path: arr)
+    return _load(model_dir, cfg, dtype, _HostPlacer())
 
 
 def load_hf_params(
@@ -110,17 +157,29 @@ def load_hf_params(
 
     ``shardings``: None (default device), one ``jax.sharding.Sharding`` for every array, or a pytree
     of shardings with the params' structure. Each tensor is placed as soon as it is read, so host memory
-    holds one tensor at a time. Raises ``CheckpointError`` naming the file/tensor on missing, unexpected
-    or mis-shaped tensors and on unreadable files.
+    holds one tensor at a time (a per-expert tensor goes into its slot of the stacked device array).
+    Raises ``CheckpointError`` naming the file/tensor on missing, unexpected or mis-shaped tensors and on
+    unreadable files.
     """
-    return _load(model_dir, cfg, dtype, place=lambda arr, path: jax.device_put(arr, _sharding_for(shardings, path)))
+    return _load(model_dir, cfg, dtype, _DevicePlacer(shardings))
 
 
-def _load(model_dir: str | Path, cfg: ModelConfig, dtype: Any, place) -> dict[str, Any]:
+def _hf_tensor_table(cfg: ModelConfig) -> dict[str, tuple[tuple, ParamSpec, int | None]]:
+    """HF tensor name -> (path of the leaf, its spec, slot in the stacked axis or None)."""
+    return {name: (path, spec, slot) for path, spec in spec_leaves_with_paths(cfg) for name, slot in spec.hf_names()}
+
+
+def _hf_shape(spec: ParamSpec, slot: int | None) -> tuple[int, ...]:
+    """The shape HF stores: one slot of a stacked leaf, transposed back where HF stores [out, in]."""
+    shape = spec.shape[1:] if slot is not None else spec.shape
+    return tuple(reversed(shape)) if spec.transpose else tuple(shape)
+
+
+def _load(model_dir: str | Path, cfg: ModelConfig, dtype: Any, placer) -> dict[str, Any]:
     target_dtype = np.dtype(jnp.dtype(dtype))
-    table = hf_name_table(cfg)
-    expected = dict(zip(table, _expected_shapes(cfg, table)))
+    table = _hf_tensor_table(cfg)
     params = _empty_tree(cfg)
+    stacks: dict[tuple, Any] = {}  # path -> stacked leaf being filled
     seen: dict[str, Path] = {}
     for file in safetensors_files(model_dir):
         try:
@@ -144,35 +203,30 @@ def _load(model_dir: str | Path, cfg: ModelConfig, dtype: Any, place) -> dict[st
                             f"{file}: unexpected tensor {name!r} (shape {shape}) for a "
                             f"{cfg.architecture} config with {cfg.num_layers} layers"
                         )
-                    if shape != expected[name]:
+                    path, spec, slot = table[name]
+                    if shape != _hf_shape(spec, slot):
                         raise CheckpointError(
-                            f"{file}: tensor {name!r} has shape {shape}, expected {expected[name]}"
+                            f"{file}: tensor {name!r} has shape {shape}, expected {_hf_shape(spec, slot)}"
                         )
-                    path, transpose = table[name]
                     arr = f.get_tensor(name)
-                    if transpose:
+                    if spec.transpose:
                         arr = arr.T
                     arr = np.ascontiguousarray(arr, dtype=target_dtype)
-                    _set_at(params, path, place(arr, path))
+                    if slot is None:
+                        _set_at(params, path, placer.place(arr, path))
+                        continue
+                    if path not in stacks:
+                        stacks[path] = placer.new_stack(spec.shape, target_dtype, path)
+                    stacks[path] = placer.set_slot(stacks[path], slot, arr, path)
         except SafetensorError as e:
             raise CheckpointError(f"{file}: cannot read safetensors file (truncated or corrupt?): {e}") from e
     missing = [name for name in table if name not in seen]
     if missing:
         shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
         raise CheckpointError(f"{model_dir}: missing tensors: {shown}")
+    for path, stack in stacks.items():
+        _set_at(params, path, stack)
     return params
-
-
-def _expected_shapes(cfg: ModelConfig, table: dict[str, tuple[tuple, bool]]) -> list[tuple[int, ...]]:
-    """HF-side shapes (transposed back where HF stores [out, in])."""
-    abstract = abstract_params(cfg)
-    shapes = []
-    for path, transpose in table.values():
-        node = abstract
-        for part in path:
-            node = node[part]
-        shapes.append(tuple(reversed(node.shape)) if transpose else tuple(node.shape))
-    return shapes
 
 
 # ---------------------------------------------------------------------------------------------------

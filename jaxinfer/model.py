@@ -1,10 +1,17 @@
-"""The decoder as pure functions over a params pytree (Llama, Mistral, Qwen2, Qwen3).
+"""The decoder as pure functions over a params pytree (Llama, Mistral, Qwen2, Qwen3; MoE: Mixtral,
+Qwen2-MoE, Qwen3-MoE).
 
-``forward(params, kv_cache, batch, cfg, ...)`` runs one ragged step: it embeds the flat tokens, and per layer
-writes the new keys and values into the paged cache and attends over it, then returns the logits of the
-tokens named by ``batch.logits_indices`` together with the updated cache. The layer loop is unrolled in
-Python over a list of per-layer param dicts, so every weight and cache buffer is used in place.
-The params layout is declared in ``jaxinfer.weights``.
+``forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=...)`` runs one ragged step: it embeds the flat
+tokens, and per layer writes the new keys and values into the paged cache and attends over it, then returns
+the logits of the tokens named by ``batch.logits_indices`` together with the updated cache. The layer loop
+is unrolled in Python over a list of per-layer param dicts, so every weight and cache buffer is used in
+place. The params layout is declared in ``jaxinfer.weights``; every projection goes through
+``jaxinfer.linear.linear``; an MoE layer's MLP is ``moe_fn`` (``jaxinfer.moe.moe_block`` by default).
+
+The model knows nothing of devices: run under ``jit`` with sharded params and cache, and with ``attn_fn`` /
+``moe_fn`` wrapped by ``sharding.ops`` (``shard_map`` over the local heads / experts), it is the
+tensor- and expert-parallel model. Each layer runs in a ``jax.named_scope`` ("layer3"), so compiled
+collectives can be attributed to layers.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import numpy as np
 from jaxinfer.batch import StepBatch
 from jaxinfer.config import ModelConfig, rope_inv_freq
 from jaxinfer.kv_cache import KVCache, write_kv
+from jaxinfer.linear import linear
+from jaxinfer.moe import moe_block
 
 
 def rms_norm(x, weight, eps):
@@ -41,9 +50,9 @@ def apply_rope(x_TNH, cos, sin):
 
 def attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelConfig, attn_fn):
     num_tokens = x.shape[0]
-    q = x @ lp["wq"]
-    k = x @ lp["wk"]
-    v = x @ lp["wv"]
+    q = linear(x, lp["wq"])
+    k = linear(x, lp["wk"])
+    v = linear(x, lp["wv"])
     if cfg.attention_bias:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
     q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
@@ -58,25 +67,35 @@ def attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelCo
     out = attn_fn(
         q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens, batch.kv_lens, sm_scale=cfg.head_dim**-0.5
     )
-    return out.reshape(num_tokens, cfg.q_size) @ lp["wo"], (k_cache, v_cache)
+    return linear(out.reshape(num_tokens, cfg.q_size), lp["wo"]), (k_cache, v_cache)
 
 
 def mlp_block(lp, x):
-    return (jax.nn.silu(x @ lp["w_gate"]) * (x @ lp["w_up"])) @ lp["w_down"]
+    return linear(jax.nn.silu(linear(x, lp["w_gate"])) * linear(x, lp["w_up"]), lp["w_down"])
 
 
-def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_fn):
-    """One ragged step. Returns (logits [L, V] float32, new kv_cache)."""
-    x = params["embed"][batch.token_ids]
+def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_fn, moe_fn=moe_block):
+    """One ragged step. Returns (logits [L, V] float32, new kv_cache).
+
+    ``moe_fn(lp, x, valid, cfg) -> [T, H]`` computes an MoE layer's MLP (``valid``: the real, non-padding
+    tokens); unused by dense models."""
+    with jax.named_scope("embed"):
+        x = params["embed"][batch.token_ids]
     cos, sin = rope_cos_sin(cfg, batch.positions)
+    valid = jnp.arange(x.shape[0]) < batch.cu_q_lens[-1]
     new_cache = []
-    for lp, layer_cache in zip(params["layers"], kv_cache):
-        h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-        attn_out, layer_cache = attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn)
-        x = x + attn_out
-        x = x + mlp_block(lp, rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps))
+    for i, (lp, layer_cache) in enumerate(zip(params["layers"], kv_cache)):
+        with jax.named_scope(f"layer{i}"):
+            h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+            attn_out, layer_cache = attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn)
+            x = x + attn_out
+            h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+            x = x + (moe_fn(lp, h, valid, cfg) if cfg.is_moe else mlp_block(lp, h))
         new_cache.append(layer_cache)
-    x = rms_norm(x[batch.logits_indices], params["final_norm"], cfg.rms_norm_eps)
-    head = params["lm_head"] if "lm_head" in params else params["embed"].T
-    logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
+    with jax.named_scope("lm_head"):
+        x = rms_norm(x[batch.logits_indices], params["final_norm"], cfg.rms_norm_eps)
+        if "lm_head" in params:
+            logits = linear(x, params["lm_head"], out_dtype=jnp.float32)
+        else:  # tied: the embedding table transposed
+            logits = jnp.dot(x, params["embed"].T, preferred_element_type=jnp.float32)
     return logits, new_cache

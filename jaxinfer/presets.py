@@ -2,7 +2,9 @@
 
 The dicts copy the published configs' shape and numerics fields (not the weights), so
 ``preset_config("llama-2-7b")`` gives the exact tensor shapes, parameter count and bytes per decode step of
-the real model. "llama-150m" is a small Llama-shaped model for CPU benchmarks.
+the real model. "llama-150m" is a small Llama-shaped model for CPU benchmarks; "moe-240m" is a small
+Mixtral-shaped MoE (8 experts, top-2) and "moe-240m-dense" its dense twin with the same total parameters
+(one MLP as wide as the 8 experts together; it lacks only the routers' 0.01%), for ``bench/moe.py``.
 """
 
 from __future__ import annotations
@@ -129,6 +131,101 @@ _LLAMA_150M = {
     "eos_token_id": 2,
 }
 
+_MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+_QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 40960,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+_QWEN2_57B_A14B = {
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "moe_intermediate_size": 2560,
+    "shared_expert_intermediate_size": 20480,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+}
+
+_MOE_240M = {
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 2048,  # per expert
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+_MOE_240M_DENSE = {
+    **{k: v for k, v in _MOE_240M.items() if k not in ("num_local_experts", "num_experts_per_tok")},
+    "architectures": ["MistralForCausalLM"],
+    "intermediate_size": 8 * 2048,  # the 8 experts side by side: equal total params but for the router's (0.01%)
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "llama-2-7b": _LLAMA2_7B,
     "llama-3-8b": _LLAMA3_8B,
@@ -137,6 +234,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-7b": _QWEN25_7B,
     "qwen3-0.6b": _QWEN3_06B,
     "llama-150m": _LLAMA_150M,
+    "mixtral-8x7b": _MIXTRAL_8X7B,
+    "qwen3-30b-a3b": _QWEN3_30B_A3B,
+    "qwen2-57b-a14b": _QWEN2_57B_A14B,
+    "moe-240m": _MOE_240M,
+    "moe-240m-dense": _MOE_240M_DENSE,
 }
 
 

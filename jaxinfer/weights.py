@@ -3,8 +3,8 @@
 ``param_specs(cfg)`` returns a pytree with exactly the structure of the params pytree, whose leaves are
 ``ParamSpec`` records (shape, logical axes, HF tensor name, whether HF stores it transposed, how to
 initialise it). Random init, abstract shapes (for ``jax.eval_shape``-style planning and orbax restore),
-the HF name table used by the safetensors loader, and sharding rules (logical axis -> mesh axis) are all
-derived from it, so a new parameter is added in one place only.
+the HF name table used by the safetensors loader, and sharding rules (logical axis -> mesh axis, in
+``sharding.rules``) are all derived from it, so a new parameter is added in one place only.
 
 Params pytree (layers are a Python list; linear weights are ``[in, out]``)::
 
@@ -27,9 +27,23 @@ Params pytree (layers are a Python list; linear weights are ``[in, out]``)::
     layers[i].w_up             [H, F]        (embed, mlp)            model.layers.{i}.mlp.up_proj.weight (T)
     layers[i].w_down           [F, H]        (mlp, embed)            model.layers.{i}.mlp.down_proj.weight (T)
 
-V vocab, H hidden, F intermediate, Hq / Hkv query / key-value heads, D head_dim. ``q_heads`` and
-``kv_heads`` name a flattened ``heads * head_dim`` axis (sharding it splits whole heads when the mesh axis
-divides the head count). A tied checkpoint uses ``embed.T`` as the LM head.
+An MoE layer (``cfg.num_experts > 0``) has, instead of w_gate / w_up / w_down::
+
+    layers[i].router           [H, E]        (embed, None)           ...mlp.gate.weight (T)   [Mixtral: block_sparse_moe.gate]
+    layers[i].expert_w_gate    [E, H, Fe]    (experts, embed, expert_mlp)  ...mlp.experts.{e}.gate_proj.weight (T)  [Mixtral: w1]
+    layers[i].expert_w_up      [E, H, Fe]    (experts, embed, expert_mlp)  ...mlp.experts.{e}.up_proj.weight (T)    [Mixtral: w3]
+    layers[i].expert_w_down    [E, Fe, H]    (experts, expert_mlp, embed)  ...mlp.experts.{e}.down_proj.weight (T)  [Mixtral: w2]
+    layers[i].shared_w_gate    [H, Fs]       (embed, mlp)            ...mlp.shared_expert.gate_proj.weight (T) -- Qwen2-MoE
+    layers[i].shared_w_up      [H, Fs]       (embed, mlp)            ...mlp.shared_expert.up_proj.weight (T)   -- Qwen2-MoE
+    layers[i].shared_w_down    [Fs, H]       (mlp, embed)            ...mlp.shared_expert.down_proj.weight (T) -- Qwen2-MoE
+    layers[i].shared_gate      [H, 1]        (embed, None)           ...mlp.shared_expert_gate.weight (T)      -- Qwen2-MoE
+
+V vocab, H hidden, F intermediate, Hq / Hkv query / key-value heads, D head_dim, E experts, Fe / Fs the
+routed / shared experts' widths. ``q_heads`` and ``kv_heads`` name a flattened ``heads * head_dim`` axis
+(sharding it splits whole heads when the mesh axis divides the head count); ``None`` names a dimension that
+is never sharded (the router's expert axis: every device routes every token). A tied checkpoint uses
+``embed.T`` as the LM head. The routed experts are stacked along a leading axis: HF stores one tensor per
+expert, and ``hf_name_table`` maps each to its slot (path ``(..., "expert_w_gate", e)``).
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ from jaxinfer.config import ModelConfig
 
 Path = tuple[str | int, ...]  # a location in the params pytree, e.g. ("layers", 3, "wq")
 
-LOGICAL_AXES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp")
+LOGICAL_AXES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "experts", "expert_mlp", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,18 +66,54 @@ class ParamSpec:
     """Declaration of one parameter array (a pytree leaf: it is not a registered pytree node)."""
 
     shape: tuple[int, ...]
-    logical_axes: tuple[str, ...]  # one name from LOGICAL_AXES per dimension
-    hf_name: str  # tensor name in an HF safetensors checkpoint
+    logical_axes: tuple[str | None, ...]  # one name from LOGICAL_AXES per dimension
+    hf_name: str  # tensor name in an HF safetensors checkpoint; with an "{expert}" field when stacked
     transpose: bool  # HF stores the [out, in] transpose of our [in, out] layout
     init: str = "normal"  # "normal" (std given at init time) or "ones" (RMSNorm scales)
+    stacked: bool = False  # the leading axis stacks one HF tensor per expert (hf_name has an {expert} field)
 
     def __post_init__(self):
         if len(self.shape) != len(self.logical_axes):
             raise ValueError(f"{self.hf_name}: shape {self.shape} vs logical axes {self.logical_axes}")
+        if any(a not in LOGICAL_AXES for a in self.logical_axes):
+            raise ValueError(f"{self.hf_name}: unknown logical axis in {self.logical_axes}; known: {LOGICAL_AXES}")
+        if self.stacked != ("{expert}" in self.hf_name):
+            raise ValueError(f"{self.hf_name}: a stacked spec's HF name has an {{expert}} field, and only it")
+
+    def hf_names(self) -> list[tuple[str, int | None]]:
+        """(HF tensor name, slot along the stacked axis or None) for every tensor this parameter is read from."""
+        if not self.stacked:
+            return [(self.hf_name, None)]
+        return [(self.hf_name.format(expert=e), e) for e in range(self.shape[0])]
 
 
-def _linear(hf_name: str, n_in: int, n_out: int, axes: tuple[str, str]) -> ParamSpec:
+def _linear(hf_name: str, n_in: int, n_out: int, axes: tuple[str | None, str | None]) -> ParamSpec:
     return ParamSpec((n_in, n_out), axes, hf_name, transpose=True)
+
+
+def _experts(hf_name: str, n: int, n_in: int, n_out: int, axes: tuple[str, str]) -> ParamSpec:
+    return ParamSpec((n, n_in, n_out), ("experts", *axes), hf_name, transpose=True, stacked=True)
+
+
+def _moe_specs(cfg: ModelConfig, pre: str) -> dict[str, ParamSpec]:
+    h, e, fe, fs = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    if cfg.architecture == "mixtral":
+        moe, names = f"{pre}.block_sparse_moe", ("w1", "w3", "w2")
+    else:
+        moe, names = f"{pre}.mlp", ("gate_proj", "up_proj", "down_proj")
+    gate, up, down = (f"{moe}.experts.{{expert}}.{n}.weight" for n in names)
+    specs = {
+        "router": _linear(f"{moe}.gate.weight", h, e, ("embed", None)),
+        "expert_w_gate": _experts(gate, e, h, fe, ("embed", "expert_mlp")),
+        "expert_w_up": _experts(up, e, h, fe, ("embed", "expert_mlp")),
+        "expert_w_down": _experts(down, e, fe, h, ("expert_mlp", "embed")),
+    }
+    if fs:
+        specs["shared_w_gate"] = _linear(f"{moe}.shared_expert.gate_proj.weight", h, fs, ("embed", "mlp"))
+        specs["shared_w_up"] = _linear(f"{moe}.shared_expert.up_proj.weight", h, fs, ("embed", "mlp"))
+        specs["shared_w_down"] = _linear(f"{moe}.shared_expert.down_proj.weight", fs, h, ("mlp", "embed"))
+        specs["shared_gate"] = _linear(f"{moe}.shared_expert_gate.weight", h, 1, ("embed", None))
+    return specs
 
 
 def _vector(hf_name: str, n: int, axis: str, init: str) -> ParamSpec:
@@ -88,6 +138,9 @@ def _layer_specs(cfg: ModelConfig, i: int) -> dict[str, ParamSpec]:
         specs["q_norm"] = _vector(f"{pre}.self_attn.q_norm.weight", cfg.head_dim, "head_dim", "ones")
         specs["k_norm"] = _vector(f"{pre}.self_attn.k_norm.weight", cfg.head_dim, "head_dim", "ones")
     specs["mlp_norm"] = _vector(f"{pre}.post_attention_layernorm.weight", h, "embed", "ones")
+    if cfg.is_moe:
+        specs.update(_moe_specs(cfg, pre))
+        return specs
     specs["w_gate"] = _linear(f"{pre}.mlp.gate_proj.weight", h, f, ("embed", "mlp"))
     specs["w_up"] = _linear(f"{pre}.mlp.up_proj.weight", h, f, ("embed", "mlp"))
     specs["w_down"] = _linear(f"{pre}.mlp.down_proj.weight", f, h, ("mlp", "embed"))
@@ -126,8 +179,15 @@ def spec_leaves_with_paths(cfg: ModelConfig) -> list[tuple[Path, ParamSpec]]:
 
 
 def hf_name_table(cfg: ModelConfig) -> dict[str, tuple[Path, bool]]:
-    """HF tensor name -> (path in the params pytree, whether to transpose on load)."""
-    return {spec.hf_name: (path, spec.transpose) for path, spec in spec_leaves_with_paths(cfg)}
+    """HF tensor name -> (path in the params pytree, whether to transpose on load).
+
+    A per-expert tensor's path ends with its slot in the stacked array: ``("layers", 0, "expert_w_up", 3)``
+    (``get_at_path`` indexes the array with it)."""
+    table = {}
+    for path, spec in spec_leaves_with_paths(cfg):
+        for name, slot in spec.hf_names():
+            table[name] = (path if slot is None else (*path, slot), spec.transpose)
+    return table
 
 
 def logical_axes(cfg: ModelConfig) -> dict[str, Any]:

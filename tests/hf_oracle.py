@@ -25,6 +25,22 @@ ARCHS = {
     "qwen2": ("Qwen2Config", dict(TINY, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3_head_dim": ("Qwen3Config", dict(TINY, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                            tie_word_embeddings=False)),
+    # Mixture of experts. Mixtral: top-2 of 8, weights renormalised; 8 query heads for TP = 8.
+    "mixtral": ("MixtralConfig", dict(TINY, num_attention_heads=8, num_key_value_heads=2, num_local_experts=8,
+                                      num_experts_per_tok=2)),
+    # Qwen2-MoE: q/k/v bias, a shared expert behind a sigmoid gate, top-k weights not renormalised.
+    "qwen2_moe": ("Qwen2MoeConfig", dict(TINY, num_attention_heads=4, num_key_value_heads=2, num_experts=8,
+                                         num_experts_per_tok=2, moe_intermediate_size=32,
+                                         shared_expert_intermediate_size=96, norm_topk_prob=False)),
+    # Qwen3-MoE: q/k norm, top-4 of 16 renormalised, MQA with 8 query heads (KV head replicated at TP > 1).
+    "qwen3_moe": ("Qwen3MoeConfig", dict(TINY, num_attention_heads=8, num_key_value_heads=1, head_dim=16,
+                                         num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
+                                         norm_topk_prob=True)),
+}
+# Built on demand by the tests that need them (not by the session fixture): a dense model with 8 query heads
+# and 2 KV heads, for tensor parallelism over 8 devices.
+EXTRA_ARCHS = {
+    "llama_8heads": ("LlamaConfig", dict(TINY, num_attention_heads=8, num_key_value_heads=2)),
 }
 
 
@@ -32,7 +48,7 @@ def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
     import torch
     import transformers
 
-    cls_name, kwargs = ARCHS[name]
+    cls_name, kwargs = ARCHS[name] if name in ARCHS else EXTRA_ARCHS[name]
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")

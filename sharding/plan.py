@@ -1,0 +1,166 @@
+"""A model laid over a mesh: which config the sharded model runs, and where every array lives.
+
+``ShardingPlan.create(cfg, mesh)`` validates (``rules.validate``: a clear ValueError before anything is
+allocated) and fixes the one way the sharded model differs from the checkpoint: when the tensor-parallel
+size exceeds the number of KV heads, each KV head is replicated so that every device holds the head its
+query heads read (``plan.cfg.num_kv_heads == tp``; the model is mathematically the same, since GQA over
+repeated KV heads is GQA over the originals). The k/v projections (and biases) are expanded the same way
+by ``place_params``, so they stay column-parallel: each device computes just its own KV head.
+
+From the plan come the shardings of the params (derived from ``jaxinfer.weights``' logical axes through
+``rules.LOGICAL_AXIS_RULES``), of the KV cache (split by KV head: every device holds every block for its
+heads, so the host's block ids are valid on every device), of the step batch (replicated), and of the
+logits (replicated: the LM head is vocab-parallel and only the rows that are sampled are gathered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxinfer import weights
+from jaxinfer.config import ModelConfig
+from jaxinfer.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
+from sharding import ops
+from sharding.mesh import EXPERT
+from sharding.rules import KV_CACHE_AXES, kv_heads_on_devices, partition_spec, validate
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, weights.ParamSpec)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingPlan:
+    mesh: Mesh
+    source_cfg: ModelConfig  # the checkpoint's config (what the loader reads)
+    cfg: ModelConfig  # what the sharded model runs: KV heads replicated up to the device count if fewer
+
+    @classmethod
+    def create(cls, cfg: ModelConfig, mesh: Mesh) -> "ShardingPlan":
+        tp, ep = mesh.size, mesh.shape[EXPERT]
+        validate(cfg, tp, ep)
+        run_cfg = dataclasses.replace(cfg, num_kv_heads=kv_heads_on_devices(cfg, tp))
+        return cls(mesh, cfg, run_cfg)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.mesh.size
+
+    @property
+    def expert_parallel_size(self) -> int:
+        return self.mesh.shape[EXPERT]
+
+    @property
+    def kv_head_repeats(self) -> int:
+        """How many devices hold a copy of each of the checkpoint's KV heads (1: none replicated)."""
+        return self.cfg.num_kv_heads // self.source_cfg.num_kv_heads
+
+    def named(self, logical_axes) -> NamedSharding:
+        return NamedSharding(self.mesh, partition_spec(logical_axes))
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    # ------------------------------------------------------------------ params
+    def param_shardings(self) -> Any:
+        """Shardings of the params pytree the sharded model runs (``self.cfg``)."""
+        return jax.tree.map(lambda s: self.named(s.logical_axes), weights.param_specs(self.cfg), is_leaf=_is_spec)
+
+    def load_shardings(self) -> Any:
+        """Shardings for loading the checkpoint's params (``source_cfg``) before ``place_params``: as
+        ``param_shardings``, except KV projections that are to be replicated stay whole on each device."""
+        def one(spec):
+            axes = spec.logical_axes
+            if self.kv_head_repeats > 1:
+                axes = tuple(None if a == "kv_heads" else a for a in axes)
+            return self.named(axes)
+
+        return jax.tree.map(one, weights.param_specs(self.source_cfg), is_leaf=_is_spec)
+
+    def place_params(self, params: Any) -> Any:
+        """The checkpoint's params (any placement, e.g. from ``loader.load_hf_params(..., load_shardings())``)
+        as the sharded model's: KV projections expanded if heads are replicated, every leaf resharded.
+        One leaf at a time (no second copy of the model)."""
+        flat, treedef = jax.tree_util.tree_flatten(weights.param_specs(self.cfg), is_leaf=_is_spec)
+        leaves = jax.tree_util.tree_leaves(params)
+        if len(leaves) != len(flat):
+            raise ValueError(f"params have {len(leaves)} leaves; the config declares {len(flat)}")
+        placed = []
+        for spec, leaf in zip(flat, leaves):
+            sharding = self.named(spec.logical_axes)
+            if "kv_heads" in spec.logical_axes and self.kv_head_repeats > 1:
+                placed.append(_repeat_heads_fn(spec.logical_axes.index("kv_heads"), self.source_cfg.head_dim,
+                                               self.kv_head_repeats, sharding)(leaf))
+            else:
+                placed.append(jax.device_put(leaf, sharding))
+        return jax.tree_util.tree_unflatten(treedef, placed)
+
+    def abstract_params(self, dtype=jnp.float32) -> Any:
+        """The sharded params as ``ShapeDtypeStruct``s with shardings (ahead-of-time compilation)."""
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            weights.abstract_params(self.cfg, dtype), self.param_shardings())
+
+    def weight_bytes_per_device(self, dtype=jnp.float32) -> int:
+        """Bytes of params each device holds (from the shardings: replicated leaves count in full)."""
+        total = 0
+        for a in jax.tree.leaves(self.abstract_params(dtype)):
+            local = a.sharding.shard_shape(a.shape)
+            n = 1
+            for d in local:
+                n *= d
+            total += n * jnp.dtype(a.dtype).itemsize
+        return total
+
+    # ---------------------------------------------------------------- KV cache
+    @property
+    def kv_cache_sharding(self) -> NamedSharding:
+        return self.named(KV_CACHE_AXES)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype) -> list:
+        return allocate_kv_cache(self.cfg, num_blocks, block_size, dtype, sharding=self.kv_cache_sharding)
+
+    def abstract_kv_cache(self, num_blocks: int, block_size: int, dtype) -> list:
+        shape = (num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
+        one = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=self.kv_cache_sharding)
+        return [(one, one) for _ in range(self.cfg.num_layers)]
+
+    def kv_cache_bytes_per_block_per_device(self, block_size: int, dtype) -> int:
+        """What one more KV block costs each device (size the KV pool from per-device free memory)."""
+        return kv_cache_bytes_per_block(self.cfg, block_size, dtype) // self.tensor_parallel_size
+
+    # ----------------------------------------------------------- step in / out
+    @property
+    def batch_sharding(self) -> NamedSharding:
+        """Every StepBatch array: replicated (each device needs all block tables, lengths and tokens)."""
+        return self.replicated
+
+    @property
+    def logits_sharding(self) -> NamedSharding:
+        return self.replicated
+
+    # ------------------------------------------------------------- the model
+    def shard_attention(self, attn_fn):
+        return ops.shard_attention(attn_fn, self.mesh)
+
+    def moe_fn(self, impl: str = "auto"):
+        return ops.shard_moe(self.mesh, self.cfg, impl=impl)
+
+
+@functools.lru_cache(maxsize=None)
+def _repeat_heads_fn(axis: int, head_dim: int, repeats: int, sharding):
+    """Jitted: repeat each head (``head_dim`` entries of dimension ``axis``) ``repeats`` times, placed with
+    ``sharding`` (head h of the result is the source's head h // repeats)."""
+    def repeat(x):
+        shape = x.shape
+        heads = x.reshape(*shape[:axis], shape[axis] // head_dim, head_dim, *shape[axis + 1:])
+        heads = jnp.repeat(heads, repeats, axis=axis)
+        return heads.reshape(*shape[:axis], shape[axis] * repeats, *shape[axis + 1:])
+
+    return jax.jit(repeat, out_shardings=sharding)
