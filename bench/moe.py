@@ -38,7 +38,9 @@ import numpy as np
 from bench import hardware, report
 from jaxinfer import moe
 from jaxinfer.attention import get_attention_fn
-from jaxinfer.batch_packing import WorkItem, pack, plan_shape
+from jaxinfer.batch import bucket
+from jaxinfer.batch_packing import WorkItem, pack
+from jaxinfer.shape_plan import StepShape
 from jaxinfer.kv_cache import allocate_kv_cache
 from jaxinfer.model import forward
 from jaxinfer.presets import preset_config
@@ -55,8 +57,9 @@ def decode_batches(cfg, batch_size: int, context: int, num_steps: int, seed: int
     batches = []
     for _ in range(num_steps):
         items = [WorkItem(b, context, [int(rng.integers(cfg.vocab_size))], 1) for b in blocks]
-        shape = plan_shape(items, per_seq)
-        batches.append(pack(items, BLOCK_SIZE, shape)[0])
+        s = bucket(batch_size)
+        shape = StepShape(s, s, s, 1)
+        batches.append(pack(items, BLOCK_SIZE, shape, per_seq)[0])
     return shape, batches, 1 + batch_size * per_seq
 
 
@@ -69,7 +72,7 @@ def experts_touched(cfg, params, cache, shape, batches, impl: str) -> float:
         jax.debug.callback(lambda i, v: counts.append(len(np.unique(np.asarray(i)[np.asarray(v)]))), ids, valid)
         return moe.moe_block(lp, x, valid, cfg_, impl=impl)
 
-    attn = get_attention_fn("xla", max_q_len=1, sliding_window=cfg.sliding_window, num_prefill_slots=0)
+    attn = get_attention_fn("xla", query_width=1, sliding_window=cfg.sliding_window)
     step = jax.jit(lambda p, c, b: forward(p, c, b, cfg, attn, moe_fn=recording_moe), donate_argnums=1)
     for batch in batches:
         logits, cache = step(params, cache, batch)
@@ -101,7 +104,7 @@ def bench_model(name: str, batch_sizes, context: int, num_steps: int, impl: str,
     if cfg.is_moe and unstacked:
         params = moe.unstack_experts(params)
     itemsize = jnp.dtype(dtype).itemsize
-    attn = get_attention_fn("xla", max_q_len=1, sliding_window=cfg.sliding_window, num_prefill_slots=0)
+    attn = get_attention_fn("xla", query_width=1, sliding_window=cfg.sliding_window)
     rows = []
     for b in batch_sizes:
         shape, batches, num_blocks = decode_batches(cfg, b, context, num_steps + 2, seed=b)

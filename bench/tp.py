@@ -51,16 +51,16 @@ def _devices_for(n: int):
 def decode_step(plan, batch_size: int, context: int, dtype):
     """(jitted sharded decode step, abstract args) for ``batch_size`` sequences at ``context`` tokens."""
     from jaxinfer.attention import get_attention_fn
-    from jaxinfer.batch_packing import StepShape, abstract_batch
     from jaxinfer.batch import bucket
+    from jaxinfer.batch_packing import abstract_batch
     from jaxinfer.model import forward
+    from jaxinfer.shape_plan import StepShape
 
     blocks = -(-(context + 1) // BLOCK_SIZE)
-    shape = StepShape(num_tokens=bucket(batch_size), num_seqs=bucket(batch_size), max_blocks=bucket(blocks),
-                      num_logits=bucket(batch_size), max_q_len=1, num_prefill_slots=0)
-    batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=plan.batch_sharding),
-                         abstract_batch(shape))
-    attn = get_attention_fn("xla", max_q_len=1, sliding_window=plan.cfg.sliding_window, num_prefill_slots=0)
+    shape = StepShape(num_tokens=bucket(batch_size), num_seqs=bucket(batch_size), num_logits=bucket(batch_size),
+                      query_width=1)
+    batch = abstract_batch(shape, bucket(blocks), sharding=plan.batch_sharding)
+    attn = get_attention_fn("xla", query_width=1, sliding_window=plan.cfg.sliding_window)
     step = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn()),
                    out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
     cache = plan.abstract_kv_cache(1 + bucket(batch_size) * bucket(blocks), BLOCK_SIZE, dtype)
@@ -92,7 +92,9 @@ def predicted_time(read_bytes: float, all_reduces: int, ar_bytes: float, n: int,
 
 def measure_step(plan, batch_size: int, context: int, dtype, steps: int) -> float:
     """Median step time of the real sharded step with random weights (real devices only)."""
-    from jaxinfer.batch_packing import WorkItem, pack, plan_shape
+    from jaxinfer.batch import bucket
+    from jaxinfer.batch_packing import WorkItem, pack
+    from jaxinfer.shape_plan import StepShape
     from jaxinfer.weights import init_random_params
 
     step, (abstract_params, abstract_cache, _) = decode_step(plan, batch_size, context, dtype)
@@ -100,7 +102,8 @@ def measure_step(plan, batch_size: int, context: int, dtype, steps: int) -> floa
     cache = plan.allocate_kv_cache(abstract_cache[0][0].shape[0], BLOCK_SIZE, dtype)
     per_seq = -(-(context + 1) // BLOCK_SIZE)
     items = [WorkItem(list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)), context, [1], 1) for i in range(batch_size)]
-    batch, _ = pack(items, BLOCK_SIZE, plan_shape(items, abstract_cache[0][0].shape[0]))
+    s = bucket(batch_size)
+    batch, _ = pack(items, BLOCK_SIZE, StepShape(s, s, s, 1), bucket(per_seq))
     times = []
     for i in range(steps + 2):
         t = time.perf_counter()

@@ -81,6 +81,17 @@ def _environment() -> str:
                       os.environ.get("XLA_FLAGS", ""), source_fingerprint(), _host_fingerprint()])
 
 
+def execution_devices(args: Any) -> list:
+    """The devices an executable compiled for ``args`` runs on, in its device-assignment order: the mesh of
+    the first NamedSharding among the arguments, else the default device."""
+    for x in jax.tree_util.tree_leaves(args):
+        sharding = getattr(x, "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is not None and hasattr(mesh, "devices"):
+            return list(mesh.devices.flat)
+    return jax.devices()[:1]
+
+
 def _describe_args(args: Any) -> str:
     leaves, treedef = jax.tree_util.tree_flatten(args)
     parts = [str(treedef)]
@@ -103,8 +114,10 @@ class ExecutableCache:
             h.update(b"\0")
         return h.hexdigest()
 
-    def load(self, key: str):
-        """The compiled executable stored under ``key``, or None (absent, or unreadable: then removed)."""
+    def load(self, key: str, devices: list | None = None):
+        """The compiled executable stored under ``key``, loaded onto ``devices`` (the devices it runs on, in
+        the order of its device assignment; default: the first device), or None (absent, or unreadable:
+        then removed)."""
         from jax.experimental import serialize_executable
 
         path = self.directory / f"{key}.bin"
@@ -114,7 +127,8 @@ class ExecutableCache:
             return None
         try:
             payload, in_tree, out_tree = pickle.loads(blob)
-            return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+            return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
+                                                             execution_devices=devices or jax.devices()[:1])
         except Exception as e:  # a truncated file or an incompatible runtime: recompile and rewrite
             warnings.warn(f"jaxinfer: ignoring an unreadable cached executable {path.name}: {e}", stacklevel=2)
             path.unlink(missing_ok=True)

@@ -57,12 +57,11 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be a positive int, got {self.max_model_len!r}")
         if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 2):
             raise ValueError(f"num_kv_blocks must be an int >= 2 (block 0 is reserved), got {self.num_kv_blocks!r}")
-        if self.tensor_parallel_size != 1:
-            raise NotImplementedError(
-                f"tensor_parallel_size={self.tensor_parallel_size}: tensor parallelism is not implemented yet; use 1"
-            )
-        if self.enable_expert_parallel:
-            raise NotImplementedError("enable_expert_parallel: no MoE architecture is supported yet")
+        if not isinstance(self.tensor_parallel_size, int) or isinstance(self.tensor_parallel_size, bool) \
+                or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive int, got {self.tensor_parallel_size!r}")
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise TypeError(f"enable_expert_parallel must be True or False, got {self.enable_expert_parallel!r}")
         if self.quantization is not None:
             raise NotImplementedError(
                 f"quantization={self.quantization!r} is not implemented yet; use quantization=None"

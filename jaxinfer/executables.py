@@ -23,7 +23,7 @@ from typing import Any, Callable, Hashable
 
 import jax
 
-from jaxinfer.compile_cache import ExecutableCache
+from jaxinfer.compile_cache import ExecutableCache, execution_devices
 
 logger = logging.getLogger("jaxinfer")
 
@@ -88,7 +88,7 @@ class Executables:
     def _load_or_compile(self, key: Hashable):
         entry = self._build(key)
         cache_key = entry.cache_key(self._cache) if self._cache is not None else None
-        compiled = self._cache.load(cache_key) if cache_key is not None else None
+        compiled = self._cache.load(cache_key, execution_devices(entry.args)) if cache_key is not None else None
         if compiled is not None:
             self.loaded_keys.add(key)
         else:
@@ -128,7 +128,7 @@ def warm_up(plans: list[tuple[Executables, list[Hashable]]], *, workers: int | N
             for ex, key in todo:
                 entry = ex._build(key)
                 cache_key = entry.cache_key(ex._cache) if ex._cache is not None else None
-                compiled = ex._cache.load(cache_key) if cache_key is not None else None
+                compiled = ex._cache.load(cache_key, execution_devices(entry.args)) if cache_key is not None else None
                 if compiled is not None:
                     ex._ready[key] = compiled
                     ex.loaded_keys.add(key)

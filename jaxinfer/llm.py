@@ -26,6 +26,10 @@ class LLM:
         self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self._counter = itertools.count()
 
+    def close(self) -> None:
+        """Multi-process engines: on process 0, release the processes in ``follow()`` (no-op otherwise)."""
+        self.llm_engine.close()
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
@@ -54,6 +58,9 @@ class LLM:
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
         engine = self.llm_engine
+        if not engine.is_leader:
+            raise RuntimeError("this process follows process 0 (jax.distributed): call llm.llm_engine.follow() "
+                               "here and generate on process 0")
         for p, sp in zip(prompts, params_list):  # validate all before queuing any
             engine.validate_request(p, sp)
         ids = []

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import host_allocator
+from jaxinfer import host_allocator, multihost
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
 from jaxinfer.compile_monitor import CompileWatch
@@ -64,8 +64,14 @@ class LLMEngine:
         if platform == "cpu":
             host_allocator.keep_freed_memory_in_heap()
         self.dtype = resolve_dtype(config.dtype, platform)
-        self.model_config, params, self.tokenizer, self.model_source = load_model(
-            config.model, self.dtype, config.seed
+        self.mesh = self._make_mesh()
+        if self.mesh is not None and config.speculative_config and config.speculative_config.get("method") == "draft_model":
+            raise NotImplementedError(
+                "a draft model with tensor_parallel_size > 1 is not supported yet: use method 'ngram' "
+                "or tensor_parallel_size=1"
+            )
+        self.model_config, params, self.tokenizer, self.model_source, self.sharding_plan = load_model(
+            config.model, self.dtype, config.seed, mesh=self.mesh, expert_parallel=config.enable_expert_parallel
         )
         cfg = self.model_config
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
@@ -96,7 +102,7 @@ class LLMEngine:
         # EOS and stop ids are banned until min_tokens: a fixed-width matrix (one compiled shape)
         self.banned_width = max(16, -(-(len(self.eos_token_ids) + 8) // 8) * 8)
         self._cache = self._executable_cache()
-        self._runner_kwargs = dict(num_blocks=self.num_blocks, block_size=config.block_size,
+        self._runner_kwargs = dict(num_blocks=self.num_blocks, block_size=config.block_size, sharding=self.sharding_plan,
                                    max_model_len=self.max_model_len, kv_dtype=self.dtype, attention_backend=backend,
                                    eos_token_ids=self.eos_token_ids, banned_width=self.banned_width, cache=self._cache)
         draft_model = spec is not None and spec.method == "draft_model"
@@ -120,6 +126,8 @@ class LLMEngine:
                     sum(1 for _, keys in plan for k in keys if k[0] == "step"))
         if config.compilation == "eager":
             self.warm_up_report = warm_up(plan)  # marks every runner's executables as started
+        if multihost.multi_process():
+            multihost.Channel.warm_up(self.runner.max_payload_words())
 
     def _plan(self, verify_logits: str) -> ShapePlan:
         c = self.config
@@ -154,7 +162,7 @@ class LLMEngine:
             self.proposer = "ngram"
             self.spec_min_n, self.spec_max_n = sc.prompt_lookup_min, sc.prompt_lookup_max
             return
-        draft_cfg, draft_params, draft_tok, _ = load_model(sc.model, self.dtype, self.config.seed)
+        draft_cfg, draft_params, draft_tok, _, _ = load_model(sc.model, self.dtype, self.config.seed)
         if draft_cfg.vocab_size != self.model_config.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the target's "
@@ -171,9 +179,26 @@ class LLMEngine:
                                         **self._runner_kwargs)
         self.proposer = DraftProposer(self.draft_runner, sc.num_speculative_tokens)
 
+    def _make_mesh(self):
+        """The device mesh of tensor / expert parallelism (None: one device, nothing sharded). Checked before
+        anything is loaded: sizes the devices cannot hold are a ValueError."""
+        c = self.config
+        if c.tensor_parallel_size == 1 and not c.enable_expert_parallel and jax.process_count() == 1:
+            return None
+        from sharding import make_mesh
+
+        if jax.process_count() > 1 and c.tensor_parallel_size != jax.device_count():
+            raise ValueError(
+                f"with {jax.process_count()} processes every device must take part: tensor_parallel_size must be "
+                f"the global device count ({jax.device_count()}), got {c.tensor_parallel_size}"
+            )
+        return make_mesh(c.tensor_parallel_size, c.tensor_parallel_size if c.enable_expert_parallel else 1)
+
     def _num_kv_blocks(self, platform: str) -> int:
         cfg, c = self.model_config, self.config
         per_block = kv_cache_bytes_per_block(cfg, c.block_size, self.dtype)
+        if self.sharding_plan is not None:  # each device holds its KV heads of every block
+            per_block = self.sharding_plan.kv_cache_bytes_per_block_per_device(c.block_size, self.dtype)
         blocks_per_seq = -(-self.max_model_len // c.block_size)
         if c.num_kv_blocks is not None:
             num = c.num_kv_blocks
@@ -181,9 +206,11 @@ class LLMEngine:
             budget = c.kv_cache_memory_bytes
             if budget is None:
                 budget = DEFAULT_CPU_KV_BYTES
-                if platform == "gpu":
-                    stats = jax.devices()[0].memory_stats() or {}
-                    budget = int(0.9 * stats.get("bytes_limit", 0)) - stats.get("bytes_in_use", 0)
+                if platform == "gpu":  # the device with the least room decides
+                    devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
+                    budget = min(int(0.9 * st.get("bytes_limit", 0)) - st.get("bytes_in_use", 0)
+                                 for st in ((d.memory_stats() or {}) for d in devices if d.process_index ==
+                                            jax.process_index()))
             wanted = c.max_num_seqs * blocks_per_seq + 1
             num = max(min(wanted, budget // per_block), 2)
         if num - 1 < blocks_per_seq:
@@ -484,6 +511,23 @@ class LLMEngine:
 
     def _runners(self) -> list:
         return [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
+
+    # ------------------------------------------------------------- multi-host
+    @property
+    def is_leader(self) -> bool:
+        """Process 0 runs the requests; with several processes (``jax.distributed``) the others follow."""
+        return multihost.is_leader()
+
+    def follow(self) -> None:
+        """On a process other than 0: execute every step process 0 runs, until it calls ``close()``."""
+        if self.is_leader:
+            raise RuntimeError("follow() is for processes other than 0; process 0 serves the requests")
+        self.runner.follow()
+
+    def close(self) -> None:
+        """On process 0 of a multi-process engine: release the followers (no-op with one process)."""
+        if self.is_leader:
+            self.runner.channel.stop()
 
     # -------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:

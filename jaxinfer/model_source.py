@@ -37,22 +37,51 @@ def resolve_dtype(dtype: str, platform: str):
     return jnp.dtype(dtype)
 
 
-def load_model(model: str | os.PathLike | None, dtype, seed: int = 0):
-    """Return (ModelConfig, params pytree, Tokenizer | None, source description)."""
-    from jaxinfer import loader, presets, weights
+def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None, expert_parallel: bool = False):
+    """Return (ModelConfig, params pytree, Tokenizer | None, source description, ShardingPlan | None).
+
+    With a ``mesh`` (tensor / expert parallelism), the checkpoint is validated against it before anything
+    is read (``sharding.ShardingPlan.create``: a clear ValueError), loaded straight into its shardings and
+    placed as the sharded model's params; the returned config is the one the sharded model runs (KV heads
+    replicated up to the device count if fewer). Without one, params sit on the default device (and on a
+    single CPU device an MoE model's experts are unstacked, which XLA:CPU reads in place).
+    ``expert_parallel`` on a dense model is a ValueError, raised before any weight is read.
+    """
+    from jaxinfer import loader, moe, presets, weights
     from jaxinfer.tokenizer import load_tokenizer
 
+    tokenizer, source = None, str(model)
     if isinstance(model, str) and model.startswith("random:"):
         cfg = presets.preset_config(model.split(":", 1)[1])
+        plan = _plan(cfg, mesh, expert_parallel)
         params = weights.init_random_params(cfg, jax.random.key(seed), dtype)
-        return cfg, params, None, model
-    path = default_model_dir() if model is None else Path(model)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
-    if loader.is_orbax_dir(path):
-        cfg, params = loader.restore_params(path)
-        params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
     else:
-        cfg = ModelConfig.from_pretrained(path)
-        params = loader.load_hf_params(path, cfg, dtype)
-    return cfg, params, load_tokenizer(path), str(path)
+        path = default_model_dir() if model is None else Path(model)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+        tokenizer, source = load_tokenizer(path), str(path)
+        if loader.is_orbax_dir(path):
+            cfg = ModelConfig.from_pretrained(path)
+            plan = _plan(cfg, mesh, expert_parallel)
+            _, params = loader.restore_params(path, shardings=plan.load_shardings() if plan else None)
+            params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+        else:
+            cfg = ModelConfig.from_pretrained(path)
+            plan = _plan(cfg, mesh, expert_parallel)
+            params = loader.load_hf_params(path, cfg, dtype, shardings=plan.load_shardings() if plan else None)
+    if plan is not None:
+        return plan.cfg, plan.place_params(params), tokenizer, source, plan
+    if cfg.is_moe and jax.default_backend() == "cpu":
+        params = moe.unstack_experts(params)
+    return cfg, params, tokenizer, source, None
+
+
+def _plan(cfg: ModelConfig, mesh, expert_parallel: bool):
+    if expert_parallel and not cfg.is_moe:
+        raise ValueError(f"enable_expert_parallel needs a mixture-of-experts model; this {cfg.architecture} "
+                         "model is dense: turn expert parallelism off")
+    if mesh is None:
+        return None
+    from sharding import ShardingPlan
+
+    return ShardingPlan.create(cfg, mesh)

@@ -27,6 +27,8 @@ from jaxinfer.config import ModelConfig
 from jaxinfer.executables import Entry, Executables, abstract
 from jaxinfer.kv_cache import allocate_kv_cache
 from jaxinfer.model import forward
+from jaxinfer.moe import moe_block
+from jaxinfer.multihost import Channel, host_values, unpack_arrays
 from jaxinfer.scheduler import ScheduledSeq
 from jaxinfer.shape_plan import SamplerVariant, ShapePlan, StepShape
 
@@ -34,19 +36,25 @@ MAX_LOGPROBS = 20  # SamplingParams.logprobs is at most this; the logprobs varia
 FIRST_RUN_MAX_TOKENS = 256  # warm-up executes the step shapes up to this many tokens once
 
 
-def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None):
+def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None, sharding=None):
     """The jitted ragged step ``step(params, kv_cache, batch, query_width) -> (logits, kv_cache)``.
 
     ``kv_cache`` is donated and updated in place; ``query_width`` (static) is the step kind for the XLA
-    attention path: W >= 1 if no sequence computes more than W tokens, None for a mixed step.
+    attention path: W >= 1 if no sequence computes more than W tokens, None for a mixed step. With a
+    ``sharding`` plan (tensor / expert parallelism) attention and MoE layers run per device under
+    ``shard_map`` and XLA partitions the rest from the params' shardings; the logits come back replicated.
     """
+    moe_fn = sharding.moe_fn() if sharding is not None else moe_block
 
     def step(params, kv_cache, batch, query_width: int | None = None):
         attn_fn = get_attention_fn(attention_backend, query_width=query_width, sliding_window=cfg.sliding_window,
                                    interpret=interpret)
-        return forward(params, kv_cache, batch, cfg, attn_fn)
+        if sharding is not None:
+            attn_fn = sharding.shard_attention(attn_fn)
+        return forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=moe_fn)
 
-    return jax.jit(step, donate_argnames="kv_cache", static_argnames=("query_width",))
+    out = None if sharding is None else (sharding.logits_sharding, sharding.kv_cache_sharding)
+    return jax.jit(step, donate_argnames="kv_cache", static_argnames=("query_width",), out_shardings=out)
 
 
 @functools.partial(jax.jit, static_argnames=("greedy", "num_logprobs", "penalties", "speculative"))
@@ -138,10 +146,12 @@ class ModelRunner:
         draft_q_shape: tuple[int, int] | None = None,
         cache: ExecutableCache | None = None,
         name: str = "target",
+        sharding=None,
     ):
         """``plan``: this runner's step shapes. ``banned_width``: columns of the banned-ids matrix (EOS and
         stop ids until min_tokens). ``draft_q_shape``: (k, rows) of the draft model's distributions the
-        verifier reads (draft-model speculation), else None."""
+        verifier reads (draft-model speculation), else None. ``sharding``: a ``sharding.ShardingPlan`` (tensor /
+        expert parallelism; ``cfg`` must be its ``cfg``), or None for one device."""
         self.cfg = cfg
         self.plan = plan
         self.eos_token_ids = tuple(eos_token_ids)
@@ -153,11 +163,21 @@ class ModelRunner:
         self.banned_width = banned_width
         self.draft_q_shape = draft_q_shape
         self.max_logprobs = min(MAX_LOGPROBS, cfg.vocab_size)
-        self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
-        self.step_fn = make_step_fn(cfg, attention_backend, interpret)
+        self.sharding = sharding
+        if sharding is None:
+            self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
+        else:
+            self.kv_cache = sharding.allocate_kv_cache(num_blocks, block_size, kv_dtype)
+        # host arrays fed to a sharded executable are placed replicated, like its compiled inputs
+        self._replicated = sharding.replicated if sharding is not None else None
+        self.step_fn = make_step_fn(cfg, attention_backend, interpret, sharding)
         self._builders = {"step": self._step_entry, "tokens": self._tokens_entry}
         self.executables = Executables(self._build, cache, name=name)
-        self._description = f"{cfg!r}|{attention_backend}|{interpret}|bs={block_size}|len={max_model_len}"
+        self.channel = Channel()  # multi-process runs: process 0 publishes every device call (else no-op)
+        self._keys: list | None = None  # plan_keys(), indexed by the channel
+        self._last_logits = None  # a follower's latest step output, for the token chooser that follows
+        mesh = "" if sharding is None else f"|mesh={dict(sharding.mesh.shape)}"
+        self._description = f"{cfg!r}|{attention_backend}|{interpret}|bs={block_size}|len={max_model_len}{mesh}"
 
     # -------------------------------------------------------------- the plan
     def add_builder(self, kind: str, build) -> None:
@@ -169,7 +189,7 @@ class ModelRunner:
 
     def _step_entry(self, key) -> Entry:
         shape: StepShape = key[1]
-        batch = abstract_batch(shape, self.max_blocks_per_seq)
+        batch = abstract_batch(shape, self.max_blocks_per_seq, sharding=self._replicated)
         args = (abstract(self.params), abstract(self.kv_cache), batch)
 
         def run_once(compiled):
@@ -183,20 +203,23 @@ class ModelRunner:
     def sampling_arrays(self, num_rows: int, variant: SamplerVariant) -> sampler_lib.SamplingMetadata:
         """Abstract SamplingMetadata of ``num_rows`` rows for ``variant`` (its id matrices' widths)."""
         ids = self.max_model_len if variant.penalties else 1
-        f32, i32, u32 = (jax.ShapeDtypeStruct((num_rows,), d) for d in (jnp.float32, jnp.int32, jnp.uint32))
-        mat = lambda w: jax.ShapeDtypeStruct((num_rows, w), jnp.int32)  # noqa: E731
+        rep = self._replicated
+        f32, i32, u32 = (jax.ShapeDtypeStruct((num_rows,), d, sharding=rep) for d in (jnp.float32, jnp.int32, jnp.uint32))
+        mat = lambda w: jax.ShapeDtypeStruct((num_rows, w), jnp.int32, sharding=rep)  # noqa: E731
         return sampler_lib.SamplingMetadata(f32, i32, f32, f32, f32, f32, f32, u32, i32, mat(ids), mat(ids),
                                             mat(self.banned_width))
 
     def _tokens_entry(self, key) -> Entry:
         _, rows, variant = key
-        logits = jax.ShapeDtypeStruct((rows, self.cfg.vocab_size), jnp.float32)
+        rep = self._replicated
+        logits = jax.ShapeDtypeStruct((rows, self.cfg.vocab_size), jnp.float32, sharding=rep)
         draft_q = None
         if self.draft_q_shape is not None and not variant.greedy:
             k, width = self.draft_q_shape
             draft_q = (jax.ShapeDtypeStruct((k, width, self.cfg.vocab_size), jnp.float32),
                        jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32))
-        args = (logits, self.sampling_arrays(rows, variant), jax.ShapeDtypeStruct((rows,), jnp.int32), draft_q)
+        args = (logits, self.sampling_arrays(rows, variant), jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep),
+                draft_q)
         statics = {"greedy": variant.greedy, "num_logprobs": variant.num_logprobs, "penalties": variant.penalties,
                    "speculative": self.plan.query_width is not None}
 
@@ -221,6 +244,40 @@ class ModelRunner:
             keys += [("tokens", r, v) for r in self.plan.logits_rows() for v in self.sampler_variants()]
         return keys
 
+    def key_index(self, key) -> int:
+        if self._keys is None:
+            self._keys = self.plan_keys()
+            self._index = {k: i for i, k in enumerate(self._keys)}
+        return self._index[key]
+
+    def max_payload_words(self) -> int:
+        """The most int32 words one published call carries (the multi-process broadcast's largest buffer)."""
+        words = 0
+        for key in self.plan_keys():
+            if key[0] == "step":
+                arrays = jax.tree.leaves(abstract_batch(key[1], self.max_blocks_per_seq))
+            else:
+                arrays = jax.tree.leaves(self.sampling_arrays(key[1], key[2])) + [np.zeros(key[1])]
+            words = max(words, sum(int(np.prod(a.shape)) for a in arrays))
+        return words
+
+    def follow(self) -> None:
+        """On a process other than 0: run every call process 0 publishes, until it stops."""
+        self.channel.follow(self._replay)
+
+    def _replay(self, key_index: int, words: np.ndarray) -> None:
+        key = self.plan_keys()[key_index] if self._keys is None else self._keys[key_index]
+        executable = self.executables.get(key)
+        if key[0] == "step":
+            like = abstract_batch(key[1], self.max_blocks_per_seq)
+            batch = jax.tree.unflatten(jax.tree.structure(like), unpack_arrays(words, jax.tree.leaves(like)))
+            self._last_logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
+        else:
+            like = self.sampling_arrays(key[1], key[2])
+            *md_leaves, drafts = unpack_arrays(words, jax.tree.leaves(like) + [np.zeros(key[1], np.int32)])
+            md = jax.tree.unflatten(jax.tree.structure(like), md_leaves)
+            jax.block_until_ready(executable(self._last_logits, md, drafts, None))
+
     @property
     def num_compilations(self) -> int:
         return self.executables.num_compiled + self.executables.num_loaded
@@ -229,8 +286,11 @@ class ModelRunner:
     def run_step(self, items: list[WorkItem]):
         """Run the compiled step on work items: (logits [R, V] on device, first logits row of each item)."""
         shape = self.plan.shape_for([len(w.tokens) for w in items], sum(w.num_logits for w in items))
-        executable = self.executables.get(("step", shape))
+        key = ("step", shape)
+        executable = self.executables.get(key)
         batch, rows = pack(items, self.block_size, shape, self.max_blocks_per_seq)
+        if self.sharding is not None:
+            self.channel.publish(self.key_index(key), jax.tree.leaves(batch))
         logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
         return logits, rows
 
@@ -311,9 +371,12 @@ class ModelRunner:
         draft_q = None
         if self.draft_q_shape is not None and not variant.greedy:
             draft_q = draft_q_for([(s.seq, j) for s, j in owners], num_rows)
-        out = self.executables.get(("tokens", num_rows, variant))(logits, md, drafts, draft_q)
-        tokens, logprobs, top_ids, top_lps, acc = jax.device_get(
-            (out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs, out.accepted))
+        key = ("tokens", num_rows, variant)
+        if self.sharding is not None:
+            self.channel.publish(self.key_index(key), jax.tree.leaves(md) + [drafts])
+        out = self.executables.get(key)(logits, md, drafts, draft_q)
+        tokens, logprobs, top_ids, top_lps, acc = host_values(
+            out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs, out.accepted)
         result: dict[int, list[SampledToken]] = {}
         for i, (s, j) in enumerate(owners):
             emitted = result.setdefault(s.seq.seq_id, [])

@@ -145,16 +145,16 @@ def test_sharded_step_cross_lowers_for_cuda(arch, tp, ep, impl, hf_checkpoints):
     from jax.sharding import AbstractMesh, AxisType
 
     from jaxinfer.attention import get_attention_fn
-    from jaxinfer.batch_packing import StepShape, abstract_batch
+    from jaxinfer.batch_packing import abstract_batch
     from jaxinfer.model import forward
+    from jaxinfer.shape_plan import StepShape
 
     cfg = ModelConfig.from_pretrained(hf_checkpoints[arch])
     mesh = AbstractMesh((ep, tp // ep), ("expert", "tensor"), axis_types=(AxisType.Auto, AxisType.Auto),
                         abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
     plan = sharding.ShardingPlan.create(cfg, mesh)
-    batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=plan.batch_sharding),
-                         abstract_batch(StepShape(4, 4, 4, 4, 1, 0)))
-    attn = get_attention_fn("pallas", max_q_len=1, sliding_window=None, interpret=False)
+    batch = abstract_batch(StepShape(4, 4, 4, 1), 4, sharding=plan.batch_sharding)
+    attn = get_attention_fn("pallas", query_width=1, sliding_window=None, interpret=False)
     step = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn(impl)),
                    out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
     with jax.sharding.use_abstract_mesh(mesh):

@@ -65,7 +65,8 @@ def _worker(spec_path: str, out_dir: str) -> None:
 
     import sharding
     from jaxinfer.attention import get_attention_fn
-    from jaxinfer.batch_packing import WorkItem, pack, plan_shape
+    from jaxinfer.batch_packing import WorkItem, pack
+    from jaxinfer.shape_plan import ShapePlan
     from jaxinfer.config import ModelConfig
     from jaxinfer.kv_cache import allocate_kv_cache
     from jaxinfer.loader import load_hf_params
@@ -77,8 +78,8 @@ def _worker(spec_path: str, out_dir: str) -> None:
     arrays, report = {}, {"cases": {}}
 
     def compile_step(cfg, shape, backend, plan, args):
-        attn = get_attention_fn(backend, max_q_len=shape.max_q_len, sliding_window=cfg.sliding_window,
-                                num_prefill_slots=shape.num_prefill_slots, interpret=True)
+        attn = get_attention_fn(backend, query_width=shape.query_width or None, sliding_window=cfg.sliding_window,
+                                interpret=True)
         if plan is None:
             fn = jax.jit(lambda p, c, b: forward(p, c, b, cfg, attn), donate_argnums=1)
         else:
@@ -96,8 +97,9 @@ def _worker(spec_path: str, out_dir: str) -> None:
                 items = [WorkItem(b, 0, p, len(p)) for b, p in zip(BLOCKS, prompts)]
             else:
                 items = [WorkItem(b, len(t) - 1, [t[-1]], 1) for b, t in zip(BLOCKS, tokens)]
-            shape = plan_shape(items, max_blocks_per_seq=4)
-            batch, _ = pack(items, BLOCK_SIZE, shape)
+            shape = ShapePlan(max_num_seqs=4, max_num_batched_tokens=128).shape_for(
+                [len(i.tokens) for i in items], sum(i.num_logits for i in items))
+            batch, _ = pack(items, BLOCK_SIZE, shape, 4)
             if shape not in executables:
                 executables[shape] = compile_step(cfg, shape, backend, plan, (params, cache, batch))
             logits, cache = executables[shape](params, cache, batch)
@@ -130,8 +132,9 @@ def _worker(spec_path: str, out_dir: str) -> None:
             "layer0_shard_shapes": sorted(shard_shapes),
         }
 
-    from jaxinfer.batch_packing import StepShape, abstract_batch
+    from jaxinfer.batch_packing import abstract_batch
     from jaxinfer.presets import preset_config
+    from jaxinfer.shape_plan import StepShape
 
     if not spec["big"]:
         np.savez(Path(out_dir) / "arrays.npz", **arrays)
@@ -140,10 +143,9 @@ def _worker(spec_path: str, out_dir: str) -> None:
 
     cfg = preset_config(BIG[0])
     plan = sharding.ShardingPlan.create(cfg, sharding.make_mesh(BIG[1]))
-    shape = StepShape(num_tokens=8, num_seqs=8, max_blocks=64, num_logits=8, max_q_len=1, num_prefill_slots=0)
-    batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=plan.batch_sharding),
-                         abstract_batch(shape))
-    attn = get_attention_fn("xla", max_q_len=1, sliding_window=None, num_prefill_slots=0)
+    shape = StepShape(num_tokens=8, num_seqs=8, num_logits=8, query_width=1)
+    batch = abstract_batch(shape, 64, sharding=plan.batch_sharding)
+    attn = get_attention_fn("xla", query_width=1, sliding_window=None)
     step = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn()),
                    out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
     hlo = step.lower(plan.abstract_params(jnp.bfloat16), plan.abstract_kv_cache(512, BLOCK_SIZE, jnp.bfloat16),
