@@ -61,9 +61,13 @@ def measure_bandwidth(num_bytes: int | None = None, repeats: int = 5) -> Bandwid
 
 def decode_bytes_per_step(cfg: ModelConfig, dtype, batch_size: int, mean_context: float) -> int:
     """Bytes a decode step must read at least: every weight once (the embedding table only as the LM head
-    when tied; one row per token otherwise) plus every sequence's K/V."""
+    when tied; one row per token otherwise; of an MoE layer's routed experts at most ``batch x top-k``)
+    plus every sequence's K/V."""
     itemsize = jnp.dtype(dtype).itemsize
     weights = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    if cfg.is_moe:  # the experts no token can be routed to are not read
+        untouched = cfg.num_experts - min(cfg.num_experts, batch_size * cfg.num_experts_per_tok)
+        weights -= cfg.num_layers * untouched * cfg.expert_params
     kv = batch_size * mean_context * 2 * cfg.num_layers * cfg.kv_size
     return int((weights + kv) * itemsize)
 
