@@ -66,7 +66,7 @@ def _worker(spec_path: str, out_dir: str) -> None:
     import sharding
     from jaxinfer.attention import get_attention_fn
     from jaxinfer.batch_packing import WorkItem, pack
-    from jaxinfer.shape_plan import ShapePlan
+    from jaxinfer.shape_plan import ShapePlan, StepShape
     from jaxinfer.config import ModelConfig
     from jaxinfer.kv_cache import allocate_kv_cache
     from jaxinfer.loader import load_hf_params
@@ -97,8 +97,11 @@ def _worker(spec_path: str, out_dir: str) -> None:
                 items = [WorkItem(b, 0, p, len(p)) for b, p in zip(BLOCKS, prompts)]
             else:
                 items = [WorkItem(b, len(t) - 1, [t[-1]], 1) for b, t in zip(BLOCKS, tokens)]
-            shape = ShapePlan(max_num_seqs=4, max_num_batched_tokens=128).shape_for(
-                [len(i.tokens) for i in items], sum(i.num_logits for i in items))
+            if step == 0:  # the prefill returns every position's logits: more rows than the engine's plan has
+                shape = StepShape(num_tokens=128, num_seqs=4, num_logits=128, query_width=0)
+            else:
+                shape = ShapePlan(max_num_seqs=4, max_num_batched_tokens=128).shape_for(
+                    [len(i.tokens) for i in items], sum(i.num_logits for i in items))
             batch, _ = pack(items, BLOCK_SIZE, shape, 4)
             if shape not in executables:
                 executables[shape] = compile_step(cfg, shape, backend, plan, (params, cache, batch))
