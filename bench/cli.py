@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import compare, kernels, latency, moe, prefix, serve, serve_model, spec, startup, tp
+from bench import compare, kernels, latency, moe, paged, phase1, prefix, serve, serve_model, spec, startup, tp
 
 EXPERIMENTS = {
     "latency": latency,
@@ -17,6 +17,8 @@ EXPERIMENTS = {
     "prefix": prefix,
     "serve-model": serve_model,
     "startup": startup,
+    "paged": paged,
+    "phase1": phase1,
     "tp": tp,
     "moe": moe,
 }

@@ -72,13 +72,40 @@ def decode_bytes_per_step(cfg: ModelConfig, dtype, batch_size: int, mean_context
     return int((weights + kv) * itemsize)
 
 
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def machine_info() -> dict:
+    """Where a number was measured: devices, CPU, and the versions of jax, its backend and torch."""
+    import os
+
     dev = jax.devices()[0]
     return {
         "platform": jax.default_backend(),
         "device": getattr(dev, "device_kind", str(dev)),
         "num_devices": jax.device_count(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
         "jax_version": jax.__version__,
+        "jaxlib_version": _version("jaxlib"),
+        "backend_version": getattr(dev.client, "platform_version", None),
+        "torch_version": _version("torch"),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -250,7 +250,7 @@ def summarize(trace: Trace, workload: list[TimedRequest]) -> dict:
 # ----------------------------------------------------------------------------------------------- running
 def engine_kwargs(args, spec, **overrides) -> dict:
     """LLM(...) keyword arguments from the shared command-line options; ``spec.max_len`` bounds the context."""
-    kw = dict(dtype=args.dtype, max_model_len=spec.max_len, max_num_seqs=args.max_num_seqs,
+    kw = dict(dtype=args.dtype, max_model_len=max(spec.max_len, args.max_model_len or 0), max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
     kw.update(overrides)
     return kw
@@ -383,6 +383,9 @@ def add_common_arguments(p) -> None:
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="engine max_model_len (default: what the workload needs); equal settings across benches "
+                        "share compiled executables through the on-disk cache")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps; 1.0 = Poisson")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--passes", type=report.positive_int, default=3,

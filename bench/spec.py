@@ -129,8 +129,9 @@ def run(args) -> dict:
     if args.draft_model or DRAFT_MODEL_DIR.joinpath("config.json").is_file():
         methods["draft"] = {"method": "draft_model", "model": args.draft_model or str(DRAFT_MODEL_DIR),
                             "num_speculative_tokens": args.k, "adaptive": not args.no_adaptive}
-    engines = {method: LLM(model=args.model, max_num_seqs=max(args.batch_sizes), speculative_config=spec,
-                           max_model_len=args.passage_tokens * 2 + args.output_len + 64, dtype=args.dtype)
+    max_len = max(args.passage_tokens * 2 + args.output_len + 64, args.max_model_len or 0)
+    engines = {method: LLM(model=args.model, max_num_seqs=max(args.max_num_seqs or 0, *args.batch_sizes),
+                           speculative_config=spec, max_model_len=max_len, dtype=args.dtype)
                for method, spec in methods.items()}
     tok = engines["off"].get_tokenizer()
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
@@ -188,4 +189,6 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup-passes", type=report.positive_int, default=12,
                    help="most passes before the timed ones (the first is timed as the first call); stops after "
                         "two in a row left the adaptive rule's choices unchanged")
+    p.add_argument("--max-model-len", type=int, default=None, help="engine setting (default: what the prompts need)")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="engine setting (default: the largest batch)")
     p.add_argument("--output", default=None)
