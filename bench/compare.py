@@ -186,7 +186,8 @@ class Worker:
             self._proc.join(5)
             code = self._proc.exitcode
             how = f"exit code {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"
-            return "error", f"the process died ({how})"
+            hint = ": an instruction this CPU cannot execute" if code == -signal.SIGILL else ""
+            return "error", f"the process died ({how}{hint})"
 
     def supports(self, batch_size: int) -> bool:
         return self.status == "ready" and (self.max_batch_size is None or batch_size <= self.max_batch_size)
@@ -364,6 +365,10 @@ def reproduce_command(args, baselines: list[str], batch_sizes: list[int]) -> str
         cmd += ["--compilation", args.compilation]
     if args.torch_compile_backend != "inductor":
         cmd += ["--torch-compile-backend", args.torch_compile_backend]
+    if args.llamacpp_cache_dir:
+        cmd += ["--llamacpp-cache-dir", str(args.llamacpp_cache_dir)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
     return shlex.join(cmd)
 
 
@@ -414,7 +419,7 @@ def run(args) -> dict:
         f"{bw['gb_per_s'] if bw else float('nan'):.1f} GB/s; load at start {common['load_average_at_start'][0]:.1f}",
         ["runner", "batch", "tok/s", "TPOT ms", "jaxinfer speedup (TPOT)", "floor/TPOT", "greedy identical",
          "mean identical prefix", "max |Δ logprob|", "note"], [_fmt_row(r, n) for r in rows])
-    payload = {"benchmark": "compare", "machine": common, "model": str(path),
+    payload = {"benchmark": "compare", "machine": {**common, "load_average_at_end": list(os.getloadavg())}, "model": str(path),
                "num_params": ref_info.get("num_params"), "input_len": args.input_len, "output_len": n,
                "repeats": args.repeats, "batch_sizes": batch_sizes, "baselines": baselines, "bandwidth": bw,
                "command": reproduce_command(args, baselines, batch_sizes), "rows": rows}

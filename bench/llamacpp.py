@@ -16,6 +16,14 @@ Reusable by any bench (``jaxinfer-bench compare`` today, the quantization bench 
 - ``GreedyLlama`` generates greedily (``temp=0``, one sequence: llama-cpp-python's ``Llama`` has no
   batch API) and scores tokens teacher-forced in a second context that keeps every position's logits.
 - ``LlamaCppRunner`` is the ``compare`` runner built on these (batch 1 only).
+
+Building llama.cpp: ``pip install llama-cpp-python`` compiles it with ``-march=native``. A CPU that
+advertises AMX inside a VM that does not enable it (this project's dev machines: Xeon, AVX-512, AMX in
+cpuinfo) then dies with SIGILL (``tilezero``) as soon as a q8_0 matmul runs; f32 works. Build it there
+without AMX (``WITHOUT_AMX_CMAKE_ARGS``; every other instruction set of that CPU kept)::
+
+    CMAKE_ARGS="$(python -c 'from bench.llamacpp import WITHOUT_AMX_CMAKE_ARGS as a; print(a)')" \
+        pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ from pathlib import Path
 import numpy as np
 
 OUTTYPES = ("f32", "q8_0")
+WITHOUT_AMX_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+                          "-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON "
+                          "-DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
 DEFAULT_CACHE = Path.home() / ".cache" / "jaxinfer" / "llama.cpp"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 _CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
@@ -116,8 +127,10 @@ def convert(hf_dir: Path, outtype: str, cache_dir: Path = DEFAULT_CACHE) -> Path
     log = out.with_name(f"convert-{outtype}.log")
     cmd = [sys.executable, "-m", "bench.llamacpp", str(conv), str(source), "--outtype", outtype,
            "--outfile", str(partial)]
+    here = str(Path(__file__).resolve().parents[1])  # this bench package, whatever the child's cwd
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     with open(log, "w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if done.returncode != 0 or not partial.is_file():
         raise RuntimeError(f"llama.cpp's converter failed ({' '.join(cmd)}); its log ({log}) ends:\n"
                            f"{log.read_text()[-2000:]}")

@@ -188,26 +188,53 @@ def tiny_llama(tmp_path_factory):
     return hf_oracle.build_checkpoint("llama_gqa", tmp_path_factory.mktemp("compare_ckpt"))
 
 
-def test_compare_jaxinfer_and_hf_end_to_end(tiny_llama, tmp_path):
-    out = tmp_path / "compare.json"
-    args = _parse(["--model", str(tiny_llama), "--baselines", "hf-eager", "--batch-sizes", "1", "3",
+@pytest.fixture(scope="module")
+def tiny_compare(tiny_llama, tmp_path_factory):
+    """One `compare` run on the tiny checkpoint: jaxinfer, hf-eager, and llama.cpp when it is installed."""
+    import importlib.util
+
+    tmp = tmp_path_factory.mktemp("compare_run")
+    llama = ["llama.cpp-f32", "llama.cpp-q8_0"] if importlib.util.find_spec("llama_cpp") else []
+    args = _parse(["--model", str(tiny_llama), "--baselines", "hf-eager", *llama, "--batch-sizes", "1", "3",
                    "--input-len", "5", "--output-len", "6", "--repeats", "1", "--compilation", "lazy",
-                   "--output", str(out)])
+                   "--llamacpp-cache-dir", str(tmp / "llamacpp"), "--output", str(tmp / "compare.json")])
     payload = compare.run(args)
-    assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(payload["rows"], default=str))
+    return payload, json.loads((tmp / "compare.json").read_text())
+
+
+def test_compare_jaxinfer_and_hf_end_to_end(tiny_compare, tiny_llama):
+    payload, written = tiny_compare
+    assert written["rows"] == json.loads(json.dumps(payload["rows"], default=str))
+    assert written["command"].startswith(f"jaxinfer-bench compare --model {tiny_llama} --baselines hf-eager")
     rows = {(r["runner"], r["batch_size"]): r for r in payload["rows"]}
-    assert set(rows) == {(r, b) for r in ("jaxinfer", "hf-eager") for b in (1, 3)}
-    for (runner, b), r in rows.items():
-        assert r["status"] == "ok", (runner, b, r["reason"])
-        assert r["tok_per_s"] > 0 and r["timed_tokens_match_correctness_pass"]
-        assert r["machine"]["versions"]["torch"] and r["machine"]["jax"]["platform"] == "cpu"
-        assert r["command"].startswith(f"jaxinfer-bench compare --model {tiny_llama} --baselines")
+    for runner in ("jaxinfer", "hf-eager"):
+        for b in (1, 3):
+            r = rows[runner, b]
+            assert r["status"] == "ok", (runner, b, r["reason"])
+            assert r["tok_per_s"] > 0 and r["timed_tokens_match_correctness_pass"]
+            assert r["machine"]["versions"]["torch"] and r["machine"]["jax"]["platform"] == "cpu"
+            assert r["command"].startswith(f"jaxinfer-bench compare --model {tiny_llama} --baselines")
+            assert f"--batch-sizes {b} " in r["command"]
     for b in (1, 3):  # float32 HF and jaxinfer agree token for token on this checkpoint
         r = rows["hf-eager", b]
         assert r["greedy_sequences_identical"] == 1.0 and r["greedy_mean_identical_prefix"] == 6
         assert r["logprob_drift"]["positions"] == 6 * b and r["logprob_drift"]["max_abs"] < 1e-4
     # the warm-up used the timed calls' own flags: nothing compiled while timing, even with lazy compilation
     assert rows["jaxinfer", 1]["stats_change_during_timed_rounds"] == {"compilations_after_start": 0}
+
+
+def test_compare_llama_cpp_batch_one(tiny_compare):
+    pytest.importorskip("llama_cpp")
+    rows = {(r["runner"], r["batch_size"]): r for r in tiny_compare[0]["rows"]}
+    for name in ("llama.cpp-f32", "llama.cpp-q8_0"):
+        assert rows[name, 1]["status"] == "ok", rows[name, 1]["reason"]
+        assert rows[name, 3]["status"] == "unsupported" and "one sequence at a time" in rows[name, 3]["reason"]
+        info = rows[name, 1]["machine"]["runner"]
+        assert info["gguf"].endswith(f"model-{name.split('-')[1]}.gguf") and info["llama_cpp_python_version"]
+        assert 0 < info["decode_bytes"]["weights"] < info["gguf_bytes"]
+    f32, q8 = rows["llama.cpp-f32", 1], rows["llama.cpp-q8_0", 1]
+    assert f32["greedy_sequences_identical"] == 1.0 and f32["logprob_drift"]["max_abs"] < 1e-2  # its KV cache is f16
+    assert q8["machine"]["runner"]["gguf_bytes"] < f32["machine"]["runner"]["gguf_bytes"] / 2
 
 
 def test_hf_compile_runner_matches_eager_and_really_compiles(tiny_llama):
@@ -222,18 +249,3 @@ def test_hf_compile_runner_matches_eager_and_really_compiles(tiny_llama):
     assert runner.stats()["dynamo_unique_graphs"] > graphs_before  # the decode went through torch.compile
     np.testing.assert_array_equal(compiled["tokens"], eager["tokens"])
     np.testing.assert_allclose(compiled["logprobs"], eager["logprobs"], atol=1e-5)
-
-
-def test_compare_llama_cpp_batch_one(tiny_llama, tmp_path):
-    pytest.importorskip("llama_cpp")
-    args = _parse(["--model", str(tiny_llama), "--baselines", "llama.cpp-f32", "llama.cpp-q8_0",
-                   "--batch-sizes", "1", "2", "--input-len", "5", "--output-len", "6", "--repeats", "1",
-                   "--compilation", "lazy", "--llamacpp-cache-dir", str(tmp_path / "llamacpp")])
-    rows = {(r["runner"], r["batch_size"]): r for r in compare.run(args)["rows"]}
-    for name in ("llama.cpp-f32", "llama.cpp-q8_0"):
-        assert rows[name, 1]["status"] == "ok", rows[name, 1]["reason"]
-        assert rows[name, 2]["status"] == "unsupported"
-        info = rows[name, 1]["machine"]["runner"]
-        assert info["gguf"].endswith(f"model-{name.split('-')[1]}.gguf") and info["llama_cpp_python_version"]
-    f32 = rows["llama.cpp-f32", 1]
-    assert f32["greedy_sequences_identical"] == 1.0 and f32["logprob_drift"]["max_abs"] < 1e-3
