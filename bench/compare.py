@@ -299,7 +299,7 @@ def summarize(measured: dict, batch_sizes: list[int], n: int, mean_context: floa
             row = {"runner": name, "batch_size": b, "status": res["status"], "reason": res["reason"]}
             max_b = res.get("max_batch_size")
             if res["status"] == "ready" and max_b is not None and b > max_b:
-                row.update(status="unsupported", reason=f"batch {max_b} only: {name} runs one sequence at a time")
+                row.update(status="unsupported", reason=f"runs batch {max_b} only (one sequence at a time)")
             elif res["status"] == "ready" and cell["tn"]:
                 t1, tn = statistics.median(cell["t1"]), statistics.median(cell["tn"])
                 tpot = (tn - t1) / (n - 1) if n > 1 else None
@@ -339,8 +339,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine(jax_machine: dict | None) -> dict:
-    """The machine every row ran on: CPU, cores, and the versions of every framework involved."""
+def machine(jax_machine: dict | None, load_at_start: list[float]) -> dict:
+    """The machine every row ran on: CPU, cores, the versions of every framework involved, and the load
+    average (1, 5, 15 min) before the run and now (other work on the machine makes every timing suspect)."""
     versions = {}
     for dist in _VERSIONED:
         try:
@@ -348,7 +349,8 @@ def machine(jax_machine: dict | None) -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
     return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "os": platform.platform(), "load_average_at_start": list(os.getloadavg()), "versions": versions,
+            "os": platform.platform(), "load_average_at_start": load_at_start,
+            "load_average_at_end": list(os.getloadavg()), "versions": versions,
             **({"jax": jax_machine} if jax_machine else {})}
 
 
@@ -388,6 +390,10 @@ def _fmt_row(r: dict, n: int) -> list:
 
 
 def run(args) -> dict:
+    load_at_start = list(os.getloadavg())
+    if load_at_start[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"[compare] warning: load average {load_at_start[0]:.1f} on {os.cpu_count()} cores: other work is "
+              "running, so every timing of this run is suspect (the JSON records the load)")
     path = Path(args.model) if args.model else ensure_hf_checkpoint(Path(args.cache_dir))
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     n, batch_sizes = args.output_len, list(dict.fromkeys(args.batch_sizes))
@@ -407,7 +413,7 @@ def run(args) -> dict:
     measured = measure(workers, prompts, n, args.repeats)
     ref_info = measured["runners"][REFERENCE]["info"]
     rows = summarize(measured, batch_sizes, n, args.input_len + n / 2)
-    common = machine(ref_info.get("jax_machine"))
+    common = machine(ref_info.get("jax_machine"), load_at_start)
     for row in rows:
         res = measured["runners"][row["runner"]]
         row["machine"] = {**common, "runner": res["info"], "load_s": res.get("load_s"), "stats": res.get("stats")}
@@ -416,10 +422,11 @@ def run(args) -> dict:
     report.print_table(
         f"jaxinfer vs baselines — {path} ({ref_info.get('num_params', 0) / 1e6:.0f}M params, float32), "
         f"{args.input_len}+{n} tokens, greedy, median of {args.repeats}; {common['cpu_model']}; bandwidth "
-        f"{bw['gb_per_s'] if bw else float('nan'):.1f} GB/s; load at start {common['load_average_at_start'][0]:.1f}",
+        f"{bw['gb_per_s'] if bw else float('nan'):.1f} GB/s; load average {load_at_start[0]:.1f} at start, "
+        f"{common['load_average_at_end'][0]:.1f} at end",
         ["runner", "batch", "tok/s", "TPOT ms", "jaxinfer speedup (TPOT)", "floor/TPOT", "greedy identical",
          "mean identical prefix", "max |Δ logprob|", "note"], [_fmt_row(r, n) for r in rows])
-    payload = {"benchmark": "compare", "machine": {**common, "load_average_at_end": list(os.getloadavg())}, "model": str(path),
+    payload = {"benchmark": "compare", "machine": common, "model": str(path),
                "num_params": ref_info.get("num_params"), "input_len": args.input_len, "output_len": n,
                "repeats": args.repeats, "batch_sizes": batch_sizes, "baselines": baselines, "bandwidth": bw,
                "command": reproduce_command(args, baselines, batch_sizes), "rows": rows}

@@ -173,8 +173,9 @@ def test_arguments_defaults_choices_and_reproduce_command(capsys):
 
 
 def test_machine_names_cpu_and_versions():
-    m = compare.machine({"platform": "cpu"})
+    m = compare.machine({"platform": "cpu"}, [9.0, 8.0, 7.0])
     assert m["cpu_model"] and m["cpu_count"] >= 1 and m["jax"] == {"platform": "cpu"}
+    assert m["load_average_at_start"] == [9.0, 8.0, 7.0] and len(m["load_average_at_end"]) == 3
     assert m["versions"]["numpy"] == np.__version__ and "llama-cpp-python" in m["versions"]
 
 
