@@ -113,7 +113,8 @@ class JaxinferRunner:
         report_ = engine.warm_up_report
         return {"jax_machine": hardware.machine_info(), "num_params": cfg.num_params, "dtype": "float32",
                 "compilation": engine.config.compilation, "start_s": report_.seconds if report_ else None,
-                "decode_bytes": {"weights": (cfg.num_params - embed) * 4, "kv_per_token": 2 * cfg.num_layers * cfg.kv_size * 4}}
+                "decode_bytes": {"weights": (cfg.num_params - embed) * 4,
+                                 "kv_per_token": 2 * cfg.num_layers * cfg.kv_size * 4}}
 
     def stats(self) -> dict:
         return {"compilations_after_start": self.llm.llm_engine.stats()["num_compilations_after_start"]}
@@ -307,8 +308,9 @@ def summarize(measured: dict, batch_sizes: list[int], n: int, mean_context: floa
                            timed_tokens_match_correctness_pass=cell["timed_tokens_match"])
                 if decode_bytes and decode_bytes.get("weights") and bw and tpot:
                     step_bytes = decode_bytes["weights"] + b * mean_context * decode_bytes["kv_per_token"]
-                    row.update(decode_bytes_per_step=step_bytes, floor_s=step_bytes / bw["bytes_per_s"],
-                               floor_over_tpot=step_bytes / bw["bytes_per_s"] / tpot, achieved_gb_per_s=step_bytes / tpot / 1e9)
+                    floor = step_bytes / bw["bytes_per_s"]
+                    row.update(decode_bytes_per_step=step_bytes, floor_s=floor, floor_over_tpot=floor / tpot,
+                               achieved_gb_per_s=step_bytes / tpot / 1e9)
             stats = res.get("stats") or {}
             before, after = stats.get("before_timed_rounds") or {}, stats.get("after") or {}
             row["stats_change_during_timed_rounds"] = {k: after[k] - before[k] for k in after if k in before}
@@ -316,7 +318,8 @@ def summarize(measured: dict, batch_sizes: list[int], n: int, mean_context: floa
     by_key = {(r["runner"], r["batch_size"]): r for r in rows}
     for row in rows:
         ref_row = by_key.get((REFERENCE, row["batch_size"]))
-        ref_cell, cell = ref.get("batches", {}).get(row["batch_size"], {}), runners[row["runner"]]["batches"][row["batch_size"]]
+        ref_cell = ref.get("batches", {}).get(row["batch_size"], {})
+        cell = runners[row["runner"]]["batches"][row["batch_size"]]
         if row["status"] != "ok" or row["runner"] == REFERENCE or "tokens" not in ref_cell:
             continue
         identical, mean_prefix, prefix = greedy_agreement(ref_cell["tokens"], cell["tokens"])
@@ -377,7 +380,8 @@ def reproduce_command(args, baselines: list[str], batch_sizes: list[int]) -> str
 # --------------------------------------------------------------------------------------------- the command
 def _fmt_row(r: dict, n: int) -> list:
     if r["status"] != "ok":
-        return [r["runner"], r["batch_size"], "-", "-", "-", "-", "-", "-", "-", f"{r['status']}: {(r['reason'] or '').splitlines()[0][:90]}"]
+        note = f"{r['status']}: {(r['reason'] or '').splitlines()[0][:90]}"
+        return [r["runner"], r["batch_size"], "-", "-", "-", "-", "-", "-", "-", note]
     drift = r.get("logprob_drift")
     ref = r["runner"] == REFERENCE
     return [r["runner"], r["batch_size"], r["tok_per_s"], r["tpot_s"] * 1e3 if r["tpot_s"] else "-",
@@ -417,7 +421,8 @@ def run(args) -> dict:
     for row in rows:
         res = measured["runners"][row["runner"]]
         row["machine"] = {**common, "runner": res["info"], "load_s": res.get("load_s"), "stats": res.get("stats")}
-        row["command"] = reproduce_command(args, [] if row["runner"] == REFERENCE else [row["runner"]], [row["batch_size"]])
+        own = [] if row["runner"] == REFERENCE else [row["runner"]]
+        row["command"] = reproduce_command(args, own, [row["batch_size"]])
     bw = measured["bandwidth"]
     report.print_table(
         f"jaxinfer vs baselines — {path} ({ref_info.get('num_params', 0) / 1e6:.0f}M params, float32), "
@@ -435,18 +440,21 @@ def run(args) -> dict:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=None, help="an HF checkpoint dir; default: a random 134M Llama written by transformers")
+    p.add_argument("--model", default=None,
+                   help="an HF checkpoint dir; default: a random 134M Llama written by transformers")
     p.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where the default checkpoint is written")
     p.add_argument("--baselines", nargs="*", choices=BASELINES, default=None,
-                   help=f"runners beside jaxinfer (none: jaxinfer alone); default on CPU: {' '.join(DEFAULT_BASELINES['cpu'])}; "
-                        f"on GPU: {' '.join(DEFAULT_BASELINES['gpu'])}")
+                   help=f"runners beside jaxinfer (none: jaxinfer alone); default on CPU: "
+                        f"{' '.join(DEFAULT_BASELINES['cpu'])}; on GPU: {' '.join(DEFAULT_BASELINES['gpu'])}")
     p.add_argument("--batch-sizes", type=report.positive_int, nargs="+", default=[1, 16])
     p.add_argument("--input-len", type=report.positive_int, default=32)
     p.add_argument("--output-len", type=report.positive_int, default=64)
     p.add_argument("--repeats", type=report.positive_int, default=3, help="timed rounds; medians are reported")
     p.add_argument("--compilation", choices=("eager", "lazy"), default="eager", help="jaxinfer's LLM(compilation=...)")
     p.add_argument("--torch-compile-backend", default="inductor", help="hf-compile's torch.compile backend")
-    p.add_argument("--llamacpp-cache-dir", default=None, help="where llama.cpp's converter and the GGUF files are cached")
+    p.add_argument("--llamacpp-cache-dir", default=None,
+                   help="where llama.cpp's converter and GGUF files are cached; default: ~/.cache/jaxinfer/llama.cpp")
     p.add_argument("--threads", type=report.positive_int, default=None, help="llama.cpp threads (default: all cores)")
-    p.add_argument("--worker-timeout", type=report.positive_float, default=3600.0, help="seconds one runner call may take")
+    p.add_argument("--worker-timeout", type=report.positive_float, default=3600.0,
+                   help="seconds one runner call may take")
     p.add_argument("--output", default=None, help="write the results as JSON here")

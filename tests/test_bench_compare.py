@@ -136,7 +136,8 @@ def test_protocol_schedule_and_rows_with_stand_in_runners():
                                    "positions": 4}
     assert div["jaxinfer_speedup_tpot"] == pytest.approx(1.0)
     assert rows["batch-one", 1]["status"] == "ok" and rows["batch-one", 1]["greedy_sequences_identical"] == 1.0
-    assert rows["batch-one", 2]["status"] == "unsupported" and "one sequence at a time" in rows["batch-one", 2]["reason"]
+    unsupported = rows["batch-one", 2]
+    assert unsupported["status"] == "unsupported" and "one sequence at a time" in unsupported["reason"]
     assert rows["unavailable", 1]["status"] == "skipped" and rows["broken", 2]["status"] == "failed"
     for r in rows.values():
         compare._fmt_row(r, 5)  # every kind of row prints
