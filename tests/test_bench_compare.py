@@ -251,3 +251,18 @@ def test_hf_compile_runner_matches_eager_and_really_compiles(tiny_llama):
     assert runner.stats()["dynamo_unique_graphs"] > graphs_before  # the decode went through torch.compile
     np.testing.assert_array_equal(compiled["tokens"], eager["tokens"])
     np.testing.assert_allclose(compiled["logprobs"], eager["logprobs"], atol=1e-5)
+
+
+def test_unavailable_baselines_say_why(monkeypatch):
+    import importlib.util
+
+    from bench import hf_baselines, llamacpp
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("llama_cpp", "torch") else real_find_spec(name, *a))
+    assert "llama-cpp-python is not installed" in llamacpp.LlamaCppRunner.unavailable_reason({"platform": "cpu"})
+    assert "CPU baseline" in llamacpp.LlamaCppRunner.unavailable_reason({"platform": "gpu"})
+    assert "torch is not installed" in hf_baselines.HFEagerRunner.unavailable_reason({"platform": "cpu"})
+    with pytest.raises(ValueError, match="outtype must be one of"):
+        llamacpp.convert("unused", "q4_0")
