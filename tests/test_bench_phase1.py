@@ -1,0 +1,59 @@
+"""`jaxinfer-bench phase1` on tiny settings: every optimization has a row; rows carry a measured value (or say
+"not implemented"), their command and machine; an experiment that fails makes the command fail after the
+others ran; plots are real PNGs. Structure only, no timing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bench import phase1
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser()
+    phase1.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_every_optimization_has_one_row_with_settings_for_every_mode():
+    assert [r.optimization for r in phase1.ROWS] == list(phase1.OPTIMIZATIONS)
+    for r in phase1.ROWS:
+        assert r.phase in ("prefill", "decode", "both") and r.saves in ("waiting", "memory", "compute", "bandwidth")
+        assert r.quick_args and r.tiny_args and r.seed
+
+
+def test_tiny_run_of_cheap_rows(tmp_path):
+    out = tmp_path / "phase1.json"
+    args = _parse(["--tiny", "--only", "tensor_parallel", "moe", "--results-dir", str(tmp_path / "results"),
+                   "--plots", str(tmp_path / "plots"), "--output", str(out)])
+    payload = phase1.run(args)
+    assert json.loads(out.read_text())["rows"] == payload["rows"]
+    assert payload["settings"] == "tiny" and payload["machine"]["cpu"]
+    assert [r["optimization"] for r in payload["rows"]] == ["tensor_parallel", "moe"]
+    for row in payload["rows"]:
+        assert row["measured"] not in ("failed", "not implemented") and row["measured"]
+        assert row["command"].split(" jaxinfer-bench ")[-1].startswith(("tp ", "moe "))
+        assert row["machine"]["jax_version"] and (tmp_path / "results" / row["result_file"]).is_file()
+    tp = payload["rows"][0]["details"]["results"]
+    assert {r["tp"] for r in tp} == {1, 2} and all(r["all_reduces"] > 0 for r in tp if r["tp"] == 2)
+    assert set(payload["plots"]) == {"tp", "moe"}
+    for path in payload["plots"].values():
+        assert open(path, "rb").read(8) == PNG_MAGIC
+
+
+def test_missing_and_failing_experiments(tmp_path, monkeypatch):
+    row = phase1.ROWS[-1]
+    missing = phase1.run_row(row, "tiny", tmp_path, available=set())
+    assert missing["measured"] == "not implemented" and "no `jaxinfer-bench" in missing["reason"]
+    broken = phase1.Row("moe", "moe", "decode", "bandwidth", "seed", ("--no-such-flag",), (), phase1._moe,
+                        tiny_args=("--no-such-flag",))
+    failed = phase1.run_row(broken, "tiny", tmp_path, available={"moe"})
+    assert failed["measured"] == "failed" and "exit status 2" in failed["error"]
+    monkeypatch.setattr(phase1, "ROWS", (broken,))
+    with pytest.raises(SystemExit, match="1 experiment"):
+        phase1.run(_parse(["--tiny", "--results-dir", str(tmp_path)]))
