@@ -163,7 +163,32 @@ def _fmt(v, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = None) -> dict:
+def embedded_line(name: str, payload: dict) -> str:
+    """One line for an embedded bench JSON: phase1's rows, startup's start times, a phase1 experiment's
+    measured value (tp, moe, quant: the phase1 row's own summary), or its size."""
+    from bench import phase1
+
+    summarizers = {r.experiment: r.summarize for r in phase1.ROWS}
+    if name in summarizers:
+        try:
+            return f"{name}: {summarizers[name](payload)[0]}"
+        except (KeyError, TypeError) as e:
+            return f"{name}: unreadable ({e!r})"
+    if payload.get("benchmark") == "phase1":
+        return f"{name}: " + " | ".join(f"{r['optimization']}: {r['measured']}" for r in payload.get("rows", []))
+    if name.startswith("startup"):
+        cells = []
+        for r in payload.get("results", []):
+            ratios = [f"{k.removesuffix('_first_over_last')} first/last {v:.2f}" for k, v in r.items()
+                      if k.endswith("_first_over_last")]
+            cells.append(", ".join([f"{r.get('config')}/{r.get('cache')} start {_fmt(r.get('start_s'), '.1f')} s",
+                                    *ratios]))
+        return f"{name}: " + " | ".join(cells)
+    return f"{name}: {len(json.dumps(payload, default=str))} bytes embedded"
+
+
+def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = None,
+              embed: dict[str, Path] | None = None) -> dict:
     stages = []
     if stages_file and stages_file.is_file():
         stages = [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()]
@@ -183,6 +208,7 @@ def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = 
         "kernel_sweep": kernel_summary(_load(out_dir / "kernels.json")),
         "latency": {p.stem: latency_summary(_load(p)) for p in sorted(out_dir.glob("latency_*.json"))},
         "spec": spec_summary(_load(spec_file)) if spec_file else None,
+        "embedded": {name: _load(path) for name, path in (embed or {}).items()},
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print_summary(summary)
@@ -237,6 +263,8 @@ def print_summary(s: dict) -> None:
         cells = [f"{r['task']} b{r['batch_size']} {r['method']} {_fmt(r['speedup'], '.2f')}x"
                  f"{'' if r['greedy_identical'] else ' NOT IDENTICAL'}" for r in sp["rows"] if r["method"] != "off"]
         lines.append(f"spec (k={sp['k']}, {sp['dtype']}): " + " | ".join(cells))
+    for name, payload in (s.get("embedded") or {}).items():
+        lines.append(embedded_line(name, payload) if payload else f"{name}: no result")
     print("\n".join(lines), flush=True)
 
 
@@ -256,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out-dir", required=True)
     s.add_argument("--stages", default=None)
     s.add_argument("--spec", default=None, help="the spec bench's JSON (embedded in summary.json)")
+    s.add_argument("--embed", nargs="*", default=[], metavar="NAME=FILE",
+                   help="other bench JSONs to embed whole (the device tool returns few files)")
     args = p.parse_args(argv)
     if args.cmd == "ceilings":
         payload = measure_ceilings(args.copy_bytes, args.matmul_size)
@@ -266,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "tiny-model":
         print(f"wrote {write_tiny_model(Path(args.path))}")
     else:
+        embed = dict(item.split("=", 1) for item in args.embed)
         summarize(Path(args.out_dir), Path(args.stages) if args.stages else None,
-                  Path(args.spec) if args.spec else None)
+                  Path(args.spec) if args.spec else None, {k: Path(v) for k, v in embed.items()})
     return 0
 
 

@@ -6,17 +6,25 @@
 #   JAXINFER_SUITE_SMOKE=1 OUT=/tmp/s bash bench/gpu_suite.sh   # CPU smoke check: tiny shapes, tiny model
 #
 # Stages, in priority order; each under `timeout`, a failure is recorded and the next stage runs; a stage
-# whose time no longer fits in the overall budget (JAXINFER_SUITE_BUDGET_S, default 420 s) is skipped:
+# whose time no longer fits in the overall budget (JAXINFER_SUITE_BUDGET_S, default 540 s) is skipped:
 #   1. ceilings      machine info, device-to-device copy GB/s, bf16 matmul TFLOP/s
 #   2. kernel_check  ragged paged attention vs its reference on the device, odd shapes/knobs (not timed)
 #   3. kernel_sweep  `jaxinfer-bench kernels`: correctness, then kernel vs XLA time, % of bandwidth
-#   4. latency_*     end-to-end decode TPOT at batch 1 and 16 next to its floor (pallas, then xla, then 0.5B)
-#   5. spec          `jaxinfer-bench spec` on the embedded models (float32, batch 1 and 16): speculation's
-#                    speedup, acceptance and greedy identity; its JSON is kept inside summary.json
-#   6. summary       summary.json and the compact table printed last
-# On the device machine, one call: `OUT=$OUT bash bench/gpu_suite.sh` with a timeout_s of about 540.
+#   4. latency_big_pallas  end-to-end decode TPOT at batch 1 and 16 next to its floor (7B shapes, Pallas)
+#   5. startup       `jaxinfer-bench startup` on 7B shapes: cold and warm-cache start, first generate vs the
+#                    last, compilations after start (target: warm start <= 60 s, 0 compilations)
+#   6. tp            `jaxinfer-bench tp`: all-reduces per decode step from the compiled HLO (TP 1 / 2 / 4)
+#   7. moe           `jaxinfer-bench moe`: MoE decode against its dense twin, batch 1 to 32
+#   8. latency_big_xla, latency_small: the same decode with the XLA backend, and on a 0.5B model
+#   9. spec          `jaxinfer-bench spec` on the embedded models (float32, batch 1 and 16): speculation's
+#                    speedup, acceptance and greedy identity
+#  10. phase1        `jaxinfer-bench phase1 --quick` with what is left of the budget (rows that do not fit
+#                    say "skipped" / "timed out")
+#  11. summary       summary.json (embedding the JSON of stages 5-7, 9, 10) and the compact table printed last
+# On the device machine, one call: `OUT=$OUT bash bench/gpu_suite.sh` with a timeout_s of about 590.
 # $OUT receives at most 8 files (the device tool's limit): suite.log, summary.json, ceilings.json,
-# kernels_check.json, kernels.json and three latency_*.json (spec.json stays in the scratch folder).
+# kernels_check.json, kernels.json and three latency_*.json (the others stay in the scratch folder and are
+# embedded in summary.json).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -24,7 +32,7 @@ export PYTHONWARNINGS="ignore:The Pallas Triton backend is deprecated"  # jax >=
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/jaxinfer_suite_out}
 SMOKE=${JAXINFER_SUITE_SMOKE:-0}
-BUDGET=${JAXINFER_SUITE_BUDGET_S:-$([ "$SMOKE" = 1 ] && echo 900 || echo 420)}
+BUDGET=${JAXINFER_SUITE_BUDGET_S:-$([ "$SMOKE" = 1 ] && echo 1200 || echo 540)}
 SUMMARY_RESERVE=25
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/jaxinfer_suite.XXXXXX)
@@ -43,8 +51,13 @@ if [ "$SMOKE" = "1" ]; then
   LAT_BIG=(--model "$MODEL_DIR"); LAT_BIG_NAME=tiny
   LAT_SMALL=(--model "$MODEL_DIR"); LAT_SMALL_NAME=tiny_again
   SPEC_ARGS=(--batch-sizes 1 --tasks copy --passage-tokens 48 --output-len 16 --repeats 1 --warmup-passes 2)
+  STARTUP_ARGS=(--model "$MODEL_DIR" --configs plain --batch-sizes 1 --calls 2 --output-len 4 --max-num-seqs 4
+                --max-num-batched-tokens 64)
+  TP_ARGS=(--model random:llama-150m --dtype float32 --tp-sizes 1 2)
+  MOE_ARGS=(--batch-sizes 1 --steps 1 --context 8)
+  PHASE1_ARGS=(--tiny --only tensor_parallel moe)
   LIMITS=(ceilings=60 kernel_check=120 kernel_sweep=150 latency_big_pallas=150 latency_big_xla=90 latency_small=90
-          spec=240)
+          startup=150 tp=90 moe=90 spec=240 phase1=180)
 else
   CEIL_ARGS=(--copy-bytes $((4 << 30)) --matmul-size 8192)
   CHECK_ARGS=(--cases gpu-check --timing off)
@@ -55,8 +68,14 @@ else
   LAT_BIG=(--model random:llama-2-7b); LAT_BIG_NAME=llama2_7b
   LAT_SMALL=(--model random:qwen2.5-0.5b); LAT_SMALL_NAME=qwen2.5_0.5b
   SPEC_ARGS=(--batch-sizes 1 16 --repeats 3 --warmup-passes 6)
-  LIMITS=(ceilings=50 kernel_check=75 kernel_sweep=150 latency_big_pallas=120 latency_big_xla=100 latency_small=70
-          spec=120)
+  # the engine's default limits on 7B shapes would plan 29 executables of 32 unrolled layers: a smaller plan
+  STARTUP_ARGS=(--model random:llama-2-7b --configs plain --batch-sizes 1 16 --calls 3 --output-len 32
+                --max-num-seqs 16 --max-num-batched-tokens 512)
+  TP_ARGS=(--model random:qwen2.5-7b --tp-sizes 1 2 4)
+  MOE_ARGS=(--batch-sizes 1 4 32 --steps 8 --dtype bfloat16)
+  PHASE1_ARGS=(--quick)
+  LIMITS=(ceilings=45 kernel_check=60 kernel_sweep=110 latency_big_pallas=100 startup=150 tp=40 moe=50
+          latency_big_xla=70 latency_small=60 spec=100 phase1=200)
 fi
 
 limit_of() { local kv; for kv in "${LIMITS[@]}"; do [ "${kv%%=*}" = "$1" ] && echo "${kv#*=}"; done; }
@@ -103,14 +122,21 @@ run_stage kernel_check "$PY" -m bench.cli kernels "${CHECK_ARGS[@]}" --strict --
 run_stage kernel_sweep "$PY" -m bench.cli kernels "${SWEEP_ARGS[@]}" --output "$OUT/kernels.json"
 run_stage latency_big_pallas "$PY" -m bench.cli latency "${LAT_BIG[@]}" "${LAT_COMMON[@]}" \
   --attention-backend pallas --output "$OUT/latency_${LAT_BIG_NAME}_pallas.json"
+run_stage startup "$PY" -m bench.cli startup "${STARTUP_ARGS[@]}" --output "$WORK/startup.json"
+run_stage tp "$PY" -m bench.cli tp "${TP_ARGS[@]}" --output "$WORK/tp.json"
+run_stage moe "$PY" -m bench.cli moe "${MOE_ARGS[@]}" --output "$WORK/moe.json"
 run_stage latency_big_xla "$PY" -m bench.cli latency "${LAT_BIG[@]}" "${LAT_COMMON[@]}" \
   --attention-backend xla --output "$OUT/latency_${LAT_BIG_NAME}_xla.json"
 run_stage latency_small "$PY" -m bench.cli latency "${LAT_SMALL[@]}" "${LAT_COMMON[@]}" \
   --attention-backend pallas --output "$OUT/latency_${LAT_SMALL_NAME}_pallas.json"
 run_stage spec "$PY" -m bench.cli spec --dtype float32 "${SPEC_ARGS[@]}" --output "$WORK/spec.json"
+# phase1 gets what is left (minus the summary's reserve); its JSON is rewritten after every row
+run_stage phase1 "$PY" -m bench.cli phase1 "${PHASE1_ARGS[@]}" --time-budget-s @BUDGET@ \
+  --results-dir "$WORK/phase1" --output "$WORK/phase1.json"
 
 echo "=== summary (t=$(( $(date +%s) - START ))s)" | tee -a "$LOG"
-timeout 60 "$PY" -m bench.gpu_suite summary --out-dir "$OUT" --stages "$STAGES" --spec "$WORK/spec.json" 2>&1 \
+timeout 60 "$PY" -m bench.gpu_suite summary --out-dir "$OUT" --stages "$STAGES" --spec "$WORK/spec.json" \
+  --embed startup="$WORK/startup.json" tp="$WORK/tp.json" moe="$WORK/moe.json" phase1="$WORK/phase1.json" 2>&1 \
   | tee -a "$LOG"
 echo "total $(( $(date +%s) - START ))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 rm -rf "$WORK"

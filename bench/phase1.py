@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -177,7 +178,9 @@ def _command(row: Row, settings: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "bench.cli", row.experiment, *args, "--output", str(out)]
 
 
-def run_row(row: Row, settings: str, out_dir: Path, available: set[str]) -> dict:
+def run_row(row: Row, settings: str, out_dir: Path, available: set[str], timeout_s: float | None = None) -> dict:
+    """Run one row's experiment in its own process; ``timeout_s``: kill it after that long (the row then says
+    "timed out", and a budget of zero or less skips it)."""
     base = {"optimization": row.optimization, "phase": row.phase, "saves": row.saves, "seed": row.seed}
     if row.experiment not in available:
         return {**base, "measured": "not implemented", "floor": None, "details": {},
@@ -187,8 +190,15 @@ def run_row(row: Row, settings: str, out_dir: Path, available: set[str]) -> dict
     shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in row.env)
     shown = (shown + " " if shown else "") + "jaxinfer-bench " + shlex.join(cmd[3:-2])
     print(f"\n=== {row.optimization}: {shown}", flush=True)
+    if timeout_s is not None and timeout_s <= 0:
+        return {**base, "measured": "skipped", "floor": None, "details": {}, "command": shown,
+                "reason": "the time budget (--time-budget-s) was spent before this row"}
     env = {**os.environ, **dict(row.env)}
-    proc = subprocess.run(cmd, env=env)
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {**base, "measured": "timed out", "floor": None, "details": {}, "command": shown,
+                "reason": f"killed after {timeout_s:.0f} s (the rest of --time-budget-s)"}
     if proc.returncode != 0 or not out.is_file():
         return {**base, "measured": "failed", "floor": None, "details": {}, "command": shown,
                 "error": f"exit status {proc.returncode}"}
@@ -208,15 +218,21 @@ def run(args) -> dict:
     selected = [r for r in ROWS if r.optimization in args.only] if args.only else list(ROWS)
     out_dir = Path(args.results_dir or tempfile.mkdtemp(prefix="jaxinfer-phase1-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [run_row(row, settings, out_dir, set(cli.EXPERIMENTS)) for row in selected]
     machine = hardware.machine_info()
+    deadline = None if args.time_budget_s is None else time.monotonic() + args.time_budget_s
+    rows = []
+    for row in selected:
+        timeout = None if deadline is None else deadline - time.monotonic()
+        rows.append(run_row(row, settings, out_dir, set(cli.EXPERIMENTS), timeout))
+        report.write_json(args.output, {"benchmark": "phase1", "settings": settings, "machine": machine,
+                                        "results_dir": str(out_dir), "rows": rows, "complete": False})
     report.print_table(
         f"Phase 1 — {machine['device']} ({machine['cpu']}), jax {machine['jax_version']}"
         f", {settings} settings; every row: `jaxinfer-bench <row's command>`",
         ["optimization", "phase", "saves", "seed (vLLM, A100)", "measured here", "floor"],
         [[r["optimization"], r["phase"], r["saves"], r["seed"], r["measured"], r["floor"] or "-"] for r in rows])
     payload = {"benchmark": "phase1", "settings": settings, "machine": machine, "results_dir": str(out_dir),
-               "rows": rows}
+               "rows": rows, "complete": True}
     if args.plots:
         from bench import phase1_plots
 
@@ -236,4 +252,7 @@ def add_arguments(p) -> None:
     p.add_argument("--only", nargs="+", choices=OPTIMIZATIONS, default=None, help="run only these rows")
     p.add_argument("--results-dir", default=None, help="keep each experiment's JSON here (default: a temp dir)")
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="stop starting rows (and kill a running one) after this many seconds; the JSON is "
+                        "rewritten after every row, so a killed run keeps what it measured")
     p.add_argument("--output", default=None, help="write the table as JSON here")

@@ -57,3 +57,11 @@ def test_missing_and_failing_experiments(tmp_path, monkeypatch):
     monkeypatch.setattr(phase1, "ROWS", (broken,))
     with pytest.raises(SystemExit, match="1 experiment"):
         phase1.run(_parse(["--tiny", "--results-dir", str(tmp_path)]))
+
+
+def test_time_budget_skips_and_kills_rows(tmp_path):
+    moe = next(r for r in phase1.ROWS if r.optimization == "moe")
+    skipped = phase1.run_row(moe, "tiny", tmp_path, available={"moe"}, timeout_s=0)
+    assert skipped["measured"] == "skipped" and "budget" in skipped["reason"]
+    killed = phase1.run_row(moe, "tiny", tmp_path, available={"moe"}, timeout_s=0.2)  # jax alone takes longer
+    assert killed["measured"] == "timed out" and not (tmp_path / "moe.json").exists()
