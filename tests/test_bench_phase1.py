@@ -37,7 +37,7 @@ def test_tiny_run_of_cheap_rows(tmp_path):
     assert [r["optimization"] for r in payload["rows"]] == ["tensor_parallel", "moe"]
     for row in payload["rows"]:
         assert row["measured"] not in ("failed", "not implemented") and row["measured"]
-        assert row["command"].split(" jaxinfer-bench ")[-1].startswith(("tp ", "moe "))
+        assert row["command"].split("jaxinfer-bench ")[-1].startswith(("tp ", "moe "))
         assert row["machine"]["jax_version"] and (tmp_path / "results" / row["result_file"]).is_file()
     tp = payload["rows"][0]["details"]["results"]
     assert {r["tp"] for r in tp} == {1, 2} and all(r["all_reduces"] > 0 for r in tp if r["tp"] == 2)
