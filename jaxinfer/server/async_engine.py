@@ -289,7 +289,7 @@ class AsyncLLMEngine:
                 pass
 
     def _die(self, exc: BaseException) -> None:
-        dead = EngineDeadError(f"the engine died: a step raised {type(exc).__name__}: {exc}")
+        dead = EngineDeadError(f"the engine is dead: a step raised {type(exc).__name__}: {exc}")
         dead.__cause__ = exc
         self._dead = dead
         logger.error("engine step failed; the engine is dead and every request fails from now on",
