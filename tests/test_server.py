@@ -335,3 +335,17 @@ def test_metrics_count_requests_and_tokens(url, client):
                  "jaxinfer:num_compilations_total", "jaxinfer:prefix_cache_hits_total"):
         _metric(m, name)  # exported
     assert json.dumps(m)  # parseable exposition format
+
+
+# ----------------------------------------------------------------------------------------- the HTTP bench
+def test_http_serving_bench_against_the_server(url, tmp_path):
+    """``jaxinfer-bench serve --url``: the Poisson workload through streaming HTTP, timed on the client."""
+    from bench import cli as bench_cli
+
+    out = tmp_path / "http.json"
+    assert bench_cli.main(["serve", "--url", url, "--api-key", KEY, "--num-requests", "6", "--passes", "1",
+                           "--rate", "20", "--input-len", "12", "--output-len", "5", "--output", str(out)]) == 0
+    run = json.loads(out.read_text())["runs"]["http"]
+    assert run["num_requests"] == 6 and run["total_output_tokens"] == 30
+    assert all(r["output_len"] == 5 and r["num_chunks"] == 5 for r in run["requests"])
+    assert 0 < run["ttft_s"]["p50"] <= run["e2e_s"]["p50"]
