@@ -4,7 +4,7 @@ The workload is ``bench/serve.py``'s (same Poisson schedule, prompt and output l
 greedy with ``ignore_eos`` so every request produces exactly its output length, the same passes with other
 prompt tokens each). An asyncio client (httpx) sends each request at its arrival time as a streaming
 ``POST /v1/completions`` and times it on the client side, as ``vllm bench serve`` does: TTFT (arrival to
-the first chunk with text), ITL (gaps between a request's chunks), TPOT (``(last - first) / (n_out - 1)``)
+the first chunk), ITL (gaps between a request's chunks), TPOT (``(last - first) / (n_out - 1)``)
 and end-to-end latency, from the scheduled arrival time (a late send counts as latency, as queueing does in
 the in-process run). It needs nothing of jaxinfer's on the server side (only vLLM's ``ignore_eos`` extra,
 which vLLM and SGLang accept), so a vLLM or SGLang server is measured by the same code.
@@ -80,7 +80,7 @@ async def _send(client, url: str, model: str, req: TimedRequest, start: float, h
                     break
                 now = time.perf_counter() - start
                 chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                if chunk.get("choices"):  # a token step (its text may be held back: counted as vLLM's bench does)
                     rec.chunk_times.append(now)
                 if chunk.get("usage"):
                     rec.output_len = chunk["usage"]["completion_tokens"]
