@@ -349,3 +349,12 @@ def test_http_serving_bench_against_the_server(url, tmp_path):
     assert run["num_requests"] == 6 and run["total_output_tokens"] == 30
     assert all(r["output_len"] == 5 and r["num_chunks"] == 5 for r in run["requests"])
     assert 0 < run["ttft_s"]["p50"] <= run["e2e_s"]["p50"]
+
+
+def test_explicit_nulls_mean_defaults(url, llm):
+    body = {"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0.0, "n": None, "top_p": None, "top_k": None,
+            "seed": None, "stop": None, "stream": None, "logprobs": None, "presence_penalty": None}
+    r = httpx.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == _offline(llm, [PROMPTS[0]], temperature=0.0, max_tokens=6)[0] \
+        .outputs[0].text

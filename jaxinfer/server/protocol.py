@@ -49,23 +49,24 @@ class StreamOptions(_Body):
 class _Sampling(_Body):
     """Fields shared by completions and chat completions."""
 
+    # null is accepted for every optional field and means its default (some clients send explicit nulls)
     model: str | None = None
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and unused (OpenAI: an end-user id for abuse monitoring)
     # vLLM's extras
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -74,11 +75,12 @@ class _Sampling(_Body):
     def _params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream=true")
-        return SamplingParams(
+        given = {k: v for k, v in dict(
             n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty, seed=self.seed, max_tokens=max_tokens,
-            min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens).items() if v is not None}
+        return SamplingParams(
+            **given, seed=self.seed, max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, include_stop_str_in_output=self.include_stop_str_in_output,
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens)
 
@@ -119,7 +121,6 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
-    model_config = ConfigDict(extra="forbid", strict=True)
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
