@@ -246,6 +246,29 @@ def test_disconnect_mid_stream_frees_blocks(url):
     assert 3 <= generated < 200  # aborted, not run to its end
 
 
+def test_disconnect_before_a_non_streamed_answer_aborts(url):
+    before = _metrics(url)
+    payload = json.dumps({"prompt": PROMPTS[1], "max_tokens": 240, "temperature": 0.0, "ignore_eos": True}).encode()
+    host, port = url.rsplit("/", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                 b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+    for _ in range(3000):  # it runs (240 steps to go) ...
+        if _metric(_metrics(url), "jaxinfer:num_requests_running") >= 1:
+            break
+        time.sleep(0.01)
+    sock.close()  # ... when the client goes away without reading the answer
+    for _ in range(400):
+        m = _metrics(url)
+        if _metric(m, "jaxinfer:request_success_total", finished_reason="abort") > \
+                _metric(before, "jaxinfer:request_success_total", finished_reason="abort"):
+            break
+        time.sleep(0.05)
+    assert _metric(m, "jaxinfer:request_success_total", finished_reason="length") == \
+        _metric(before, "jaxinfer:request_success_total", finished_reason="length")
+    assert _metric(m, "jaxinfer:num_requests_running") == 0 and _metric(m, "jaxinfer:kv_cache_usage_perc") == 0.0
+
+
 # --------------------------------------------------------------------------------------------- bad input
 BAD = [
     ("malformed JSON", b'{"prompt": "x", ', 400, "not valid JSON"),

@@ -17,6 +17,7 @@ from importlib import metadata
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from jaxinfer.server.async_engine import AsyncLLMEngine
 from jaxinfer.server.chat_template import ChatTemplate
@@ -68,6 +69,12 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = 
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
         return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}").body(), status_code=500)
 
+    async def body(request: Request) -> bytes:
+        try:
+            return await request.body()
+        except ClientDisconnect:
+            raise APIError(499, "the client disconnected before sending its request") from None
+
     def respond(result):
         if isinstance(result, dict):
             return JSONResponse(result)
@@ -77,13 +84,13 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = 
     @app.post("/v1/completions")
     async def completions(request: Request):
         authorize(request)
-        req = parse(CompletionRequest, await request.body())
+        req = parse(CompletionRequest, await body(request))
         return respond(await serving.completions(req, request))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         authorize(request)
-        req = parse(ChatCompletionRequest, await request.body())
+        req = parse(ChatCompletionRequest, await body(request))
         return respond(await serving.chat(req, request))
 
     @app.get("/v1/models")
@@ -96,7 +103,7 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = 
     @app.post("/tokenize")
     async def tokenize(request: Request):
         authorize(request)
-        req = parse(TokenizeRequest, await request.body())
+        req = parse(TokenizeRequest, await body(request))
         serving.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of 'prompt' or 'messages'")
@@ -116,7 +123,7 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = 
     @app.post("/detokenize")
     async def detokenize(request: Request):
         authorize(request)
-        req = parse(DetokenizeRequest, await request.body())
+        req = parse(DetokenizeRequest, await body(request))
         serving.check_model(req.model)
         if serving.tokenizer is None:
             raise APIError(400, "this model has no tokenizer")

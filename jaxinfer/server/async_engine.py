@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import queue
 import threading
@@ -101,7 +100,6 @@ class AsyncLLMEngine:
         self._dead: EngineDeadError | None = None
         self._stats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="jaxinfer-engine", daemon=True)
-        self._ids = itertools.count()
 
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs: Any) -> "AsyncLLMEngine":
@@ -143,9 +141,6 @@ class AsyncLLMEngine:
     def num_waiting(self) -> int:
         """Sequences waiting for a slot: in the scheduler's queue or not yet taken by the engine thread."""
         return len(self.engine.scheduler.waiting) + self._commands.qsize()
-
-    def new_request_id(self, prefix: str = "req") -> str:
-        return f"{prefix}-{next(self._ids)}"
 
     # ------------------------------------------------------------------------------------------- requests
     def validate(self, prompt: Any, params: SamplingParams) -> tuple[str | None, list[int]]:
@@ -231,23 +226,28 @@ class AsyncLLMEngine:
         engine = self.engine
         while True:
             self._wake.clear()
-            self._drain()
-            if self._stop:
-                break
-            if self._dead is not None or not engine.has_unfinished_requests():
-                self._stats = engine.stats()
+            if self._dead is not None:  # fail whatever arrives, until shutdown
+                self._drain()
+                if self._stop:
+                    break
                 self._wake.wait()
                 continue
-            steps_before = engine.num_steps
             try:
+                self._drain()
+                if self._stop:
+                    break
+                if not engine.has_unfinished_requests():
+                    self._stats = engine.stats()
+                    self._wake.wait()
+                    continue
+                steps_before = engine.num_steps
                 outputs = engine.step()
+                self._deliver(outputs, time.monotonic())
+                self._stats = engine.stats()
+                if engine.num_steps == steps_before:  # nothing scheduled (a static batch forming)
+                    self._wake.wait(_IDLE_POLL_S)
             except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, loudly
                 self._die(exc)
-                continue
-            self._deliver(outputs, time.monotonic())
-            self._stats = engine.stats()
-            if engine.num_steps == steps_before:  # nothing scheduled (a static batch forming)
-                self._wake.wait(_IDLE_POLL_S)
         self._abort_all()
 
     def _drain(self) -> None:

@@ -74,6 +74,9 @@ class OpenAIServing:
         except (ValueError, EngineDeadError, EngineOverloadedError) as exc:
             await merged.aclose()
             raise engine_error(exc) from None
+        except BaseException:  # cancelled while waiting: abort the requests now
+            await merged.aclose()
+            raise
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False) if self.tokenizer else str(token_id)
