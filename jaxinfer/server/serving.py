@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from jaxinfer.outputs import CompletionOutput, RequestOutput
+from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.server.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloadedError
 from jaxinfer.server.chat_template import ChatTemplate
