@@ -36,11 +36,15 @@ def _free_socket() -> socket.socket:
 def test_step_that_raises_kills_the_engine_and_fails_requests_fast(caplog):
     parser = argparse.ArgumentParser()
     launch.add_arguments(parser)
-    app, _ = launch.build(parser.parse_args([*SMALL, "--max-num-seqs", "4"]))
+    app, _ = launch.build(parser.parse_args([*SMALL, "--max-num-seqs", "1"]))
     engine = app.state.engine.engine
+    real_step, calls = engine.step, []
 
-    def broken_step():
-        raise RuntimeError("injected fault")
+    def broken_step():  # three good steps, then every step raises
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("injected fault")
+        return real_step()
 
     engine.step = broken_step
     sock = _free_socket()
@@ -54,9 +58,12 @@ def test_step_that_raises_kills_the_engine_and_fails_requests_fast(caplog):
             time.sleep(0.05)
         assert httpx.get(url + "/health").status_code == 200
         body = {"prompt": "def f(x):", "max_tokens": 8}
-        with caplog.at_level("ERROR", logger="jaxinfer.server"):
-            r = httpx.post(url + "/v1/completions", json=body, timeout=60)
-        assert r.status_code == 500 and "injected fault" in r.json()["error"]["message"]
+        with caplog.at_level("ERROR", logger="jaxinfer.server"):  # in flight when the engine dies: an error event
+            r = httpx.post(url + "/v1/completions", json={**body, "ignore_eos": True, "stream": True}, timeout=60)
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        assert r.status_code == 200 and 1 <= len(events) < 8 and r.text.rstrip().endswith("data: [DONE]")
+        assert "injected fault" in events[-1]["error"]["message"] and events[-1]["error"]["code"] == "engine_dead"
+        assert all(e["choices"][0]["finish_reason"] is None for e in events[:-1])
         tracebacks = [rec for rec in caplog.records if rec.exc_info and "injected fault" in str(rec.exc_info[1])]
         assert len(tracebacks) == 1  # logged once
         health = httpx.get(url + "/health")
