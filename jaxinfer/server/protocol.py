@@ -43,7 +43,6 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 class _Sampling(_Body):
