@@ -187,7 +187,8 @@ def test_chat_equal_offline_through_transformers_template(client, llm):
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(default_model_dir()))
     msgs = [{"role": "system", "content": "You write Python."},
             {"role": "user", "content": "A function that\nreverses a string."}]
-    prompt = hf_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    template = (default_model_dir() / "chat_template.jinja").read_text()  # what the server must find by itself
+    prompt = hf_tok.apply_chat_template(msgs, chat_template=template, add_generation_prompt=True, tokenize=False)
     ref = _offline(llm, [prompt], temperature=0.0, max_tokens=20)[0]
     resp = client.chat.completions.create(model="jaxinfer-default", messages=msgs, max_tokens=20, temperature=0.0)
     assert resp.choices[0].message.role == "assistant"
