@@ -14,6 +14,10 @@ The same engine replays the same schedule ``--passes`` times (default 3), each p
 shape plan at construction, so no pass should compile anything: the compilations during each pass and
 the time spent in steps that compiled ("compile stall") are reported, so one would show.
 
+``--url URL`` sends the same workload through an OpenAI-compatible HTTP server instead (any: jaxinfer, vLLM,
+SGLang), ``--launch`` starts ``jaxinfer serve`` for it; both time requests on the client side
+(``bench/serve_http.py``).
+
 Reported per run: TTFT, TPOT (``(finish - first token) / (n_out - 1)``), ITL (gaps between a request's
 consecutive tokens, as seen by the driver after each step) and end-to-end latency, each at P50/P90/P99;
 output throughput over the makespan (first arrival to last finish); batch occupancy (sequences running in
@@ -336,6 +340,10 @@ def compare_ratios(static: dict, continuous: dict) -> dict:
 
 
 def run(args) -> dict:
+    if args.url or args.launch:  # the same workload through an OpenAI-compatible HTTP server
+        from bench import serve_http
+
+        return serve_http.run(args)
     spec = workload_spec(args)
     modes = MODES if args.compare else (args.batching,)
     runs, model_info = {}, {}
@@ -410,3 +418,6 @@ def add_arguments(p) -> None:
     p.add_argument("--compare", action="store_true", help="run static and continuous on the same schedule")
     p.add_argument("--static-batch-timeout", type=float, default=0.5,
                    help="static batching: longest wait to fill a batch when the engine is idle (s)")
+    from bench import serve_http
+
+    serve_http.add_arguments(p)

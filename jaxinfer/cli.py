@@ -1,4 +1,5 @@
-"""The ``jaxinfer`` command: ``generate`` text from a model, ``convert`` an HF checkpoint to orbax."""
+"""The ``jaxinfer`` command: ``generate`` text from a model, ``convert`` an HF checkpoint to orbax, ``serve`` it
+over an OpenAI-compatible HTTP API (``jaxinfer.server``)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ def _convert(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from jaxinfer.server.launch import serve
+
+    return serve(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxinfer")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     c.add_argument("--overwrite", action="store_true")
     c.set_defaults(func=_convert)
+    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (needs the server extra)")
+    from jaxinfer.server.launch import add_arguments as add_serve_arguments
+
+    add_serve_arguments(s)
+    s.set_defaults(func=_serve)
     args = parser.parse_args(argv)
     return args.func(args)
 

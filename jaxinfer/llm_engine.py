@@ -460,8 +460,10 @@ class LLMEngine:
             entry = {tok.token_id: tok.logprob}
             entry.update({k: v for k, v in tok.top_logprobs.items() if k != tok.token_id})
             seq.logprobs.append(entry)
+        new_text = ""
         if seq.detokenizer is not None:
-            seq.text += seq.detokenizer.append([tok.token_id])
+            new_text = seq.detokenizer.append([tok.token_id])
+            seq.text += new_text
         n_out = seq.num_output_tokens
         reason = stop_reason = None
         if n_out >= p.min_tokens:
@@ -469,8 +471,9 @@ class LLMEngine:
                 reason = "stop"
             elif tok.token_id in p.stop_token_ids:
                 reason, stop_reason = "stop", tok.token_id
-            elif p.stop:
-                text, matched = check_stop(seq.text, p.stop, p.include_stop_str_in_output)
+            elif p.stop and new_text:  # only matches that end in the new text (earlier text was checked, or
+                # was generated before min_tokens and must not stop the sequence now)
+                text, matched = check_stop(seq.text, p.stop, p.include_stop_str_in_output, len(new_text))
                 if matched is not None:
                     seq.text, reason, stop_reason = text, "stop", matched
         if reason is None and (

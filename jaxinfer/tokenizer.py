@@ -184,11 +184,10 @@ def check_stop(
     stops = [s for s in stop_strings if s]
     if not stops:
         return text, None
-    start = 0
-    if new_text_len is not None:
-        start = max(0, len(text) - new_text_len - max(len(s) for s in stops) + 1)
     best_pos, best_stop = -1, None
     for stop in stops:
+        # with new_text_len: only a match that ends inside the new text (each stop string its own bound)
+        start = 0 if new_text_len is None else max(0, len(text) - new_text_len - len(stop) + 1)
         pos = text.find(stop, start)
         if pos != -1 and (best_pos == -1 or pos < best_pos or (pos == best_pos and len(stop) > len(best_stop))):
             best_pos, best_stop = pos, stop
