@@ -131,7 +131,8 @@ def run(args) -> dict:
                             "num_speculative_tokens": args.k, "adaptive": not args.no_adaptive}
     max_len = max(args.passage_tokens * 2 + args.output_len + 64, args.max_model_len or 0)
     engines = {method: LLM(model=args.model, max_num_seqs=max(args.max_num_seqs or 0, *args.batch_sizes),
-                           speculative_config=spec, max_model_len=max_len, dtype=args.dtype)
+                           max_num_batched_tokens=args.max_num_batched_tokens, speculative_config=spec,
+                           max_model_len=max_len, dtype=args.dtype)
                for method, spec in methods.items()}
     tok = engines["off"].get_tokenizer()
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
@@ -191,4 +192,5 @@ def add_arguments(p) -> None:
                         "two in a row left the adaptive rule's choices unchanged")
     p.add_argument("--max-model-len", type=int, default=None, help="engine setting (default: what the prompts need)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="engine setting (default: the largest batch)")
+    p.add_argument("--max-num-batched-tokens", type=report.positive_int, default=2048, help="engine setting")
     p.add_argument("--output", default=None)

@@ -99,7 +99,8 @@ def test_serve_compare(tiny_llama, tmp_path):
     args = _parse(serve, [
         "--model", tiny_llama, "--dtype", "float32", "--num-requests", "6", "--rate", "40",
         "--input-len-range", "4", "20", "--output-len-range", "2", "12", "--max-num-seqs", "4",
-        "--static-batch-timeout", "0.02", "--passes", "2", "--compare", "--plot", str(tmp_path / "plots"), "--output", str(out)])
+        "--static-batch-timeout", "0.02", "--passes", "2", "--max-num-batched-tokens", "32",
+        "--max-model-len", "64", "--compare", "--plot", str(tmp_path / "plots"), "--output", str(out)])
     payload = serve.run(args)
     assert json.loads(out.read_text())["runs"].keys() == {"static", "continuous"}
     workload = serve.make_workload(serve.workload_spec(args), 256)
@@ -118,7 +119,8 @@ def test_serve_compare(tiny_llama, tmp_path):
 def test_serve_single_mode_fixed_lengths_one_pass(tiny_llama):
     args = _parse(serve, [
         "--model", tiny_llama, "--dtype", "float32", "--num-requests", "3", "--rate", "inf", "--input-len", "5",
-        "--output-len", "4", "--passes", "1", "--batching", "continuous"])
+        "--output-len", "4", "--passes", "1", "--batching", "continuous", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "32", "--max-model-len", "64"])
     payload = serve.run(args)
     assert list(payload["runs"]) == ["continuous"] and payload["ratios"] is None and payload["plots"] == {}
     run = payload["runs"]["continuous"]
@@ -132,7 +134,8 @@ def test_prefix_cache_off_and_on(tiny_llama, tmp_path):
     out = tmp_path / "prefix.json"
     args = _parse(prefix, [
         "--model", tiny_llama, "--dtype", "float32", "--num-requests", "4", "--doc-len", "40",
-        "--question-len-range", "3", "5", "--output-len", "3", "--passes", "2", "--plot", str(tmp_path), "--output", str(out)])
+        "--question-len-range", "3", "5", "--output-len", "3", "--passes", "2", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "32", "--max-model-len", "64", "--plot", str(tmp_path), "--output", str(out)])
     payload = prefix.run(args)
     ratios = json.loads(out.read_text())["ratios"]
     assert ratios["first_pass"] == pytest.approx(payload["ratios"]["first_pass"])

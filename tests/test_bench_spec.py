@@ -19,7 +19,8 @@ def _parse(argv):
 def test_spec_bench_interleaved_run(tmp_path):
     out = tmp_path / "spec.json"
     args = _parse(["--batch-sizes", "1", "2", "--tasks", "copy", "--output-len", "6", "--passage-tokens", "24",
-                   "--repeats", "2", "--warmup-passes", "1", "--output", str(out)])
+                   "--repeats", "2", "--warmup-passes", "1", "--max-num-batched-tokens", "64",
+                   "--output", str(out)])
     payload = spec.run(args)
     results = payload["results"]
     methods = {r["method"] for r in results}
