@@ -159,11 +159,22 @@ def spec_summary(payload: dict | None) -> dict | None:
             "rows": [{key: r.get(key) for key in keep} for r in payload.get("results", [])]}
 
 
+def quant_summary(payload: dict | None) -> dict | None:
+    """The quant bench's speedups per method and shape, its greedy agreement and KV blocks."""
+    if not payload:
+        return None
+    return {"model": payload.get("model"), "dtype": payload.get("dtype"),
+            "speedups": [{k: r.get(k) for k in ("method", "shape", "speedup", "bytes_ratio", "step_ms")}
+                         for r in payload.get("summary", [])],
+            "greedy_agreement": payload.get("greedy_agreement"), "kv_blocks": payload.get("kv_blocks")}
+
+
 def _fmt(v, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = None) -> dict:
+def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = None,
+              quant_file: Path | None = None) -> dict:
     stages = []
     if stages_file and stages_file.is_file():
         stages = [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()]
@@ -183,6 +194,7 @@ def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = 
         "kernel_sweep": kernel_summary(_load(out_dir / "kernels.json")),
         "latency": {p.stem: latency_summary(_load(p)) for p in sorted(out_dir.glob("latency_*.json"))},
         "spec": spec_summary(_load(spec_file)) if spec_file else None,
+        "quant": quant_summary(_load(quant_file)) if quant_file else None,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print_summary(summary)
@@ -237,6 +249,10 @@ def print_summary(s: dict) -> None:
         cells = [f"{r['task']} b{r['batch_size']} {r['method']} {_fmt(r['speedup'], '.2f')}x"
                  f"{'' if r['greedy_identical'] else ' NOT IDENTICAL'}" for r in sp["rows"] if r["method"] != "off"]
         lines.append(f"spec (k={sp['k']}, {sp['dtype']}): " + " | ".join(cells))
+    q = s.get("quant")
+    if q:
+        cells = [f"{r['method']} {r['shape']} {_fmt(r['speedup'], '.2f')}x" for r in q["speedups"]]
+        lines.append(f"quant ({q['model']}, {q['dtype']}): " + " | ".join(cells))
     print("\n".join(lines), flush=True)
 
 
@@ -256,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out-dir", required=True)
     s.add_argument("--stages", default=None)
     s.add_argument("--spec", default=None, help="the spec bench's JSON (embedded in summary.json)")
+    s.add_argument("--quant", default=None, help="the quant bench's JSON (embedded in summary.json)")
     args = p.parse_args(argv)
     if args.cmd == "ceilings":
         payload = measure_ceilings(args.copy_bytes, args.matmul_size)
@@ -267,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {write_tiny_model(Path(args.path))}")
     else:
         summarize(Path(args.out_dir), Path(args.stages) if args.stages else None,
-                  Path(args.spec) if args.spec else None)
+                  Path(args.spec) if args.spec else None, Path(args.quant) if args.quant else None)
     return 0
 
 

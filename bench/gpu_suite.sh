@@ -13,10 +13,13 @@
 #   4. latency_*     end-to-end decode TPOT at batch 1 and 16 next to its floor (pallas, then xla, then 0.5B)
 #   5. spec          `jaxinfer-bench spec` on the embedded models (float32, batch 1 and 16): speculation's
 #                    speedup, acceptance and greedy identity; its JSON is kept inside summary.json
-#   6. summary       summary.json and the compact table printed last
+#   6. quant         `jaxinfer-bench quant`: fp8 / fp8_w8a16 / int8 / fp8 KV vs bf16 at 7B shapes, batch-1 and
+#                    batch-64 decode and a 512-token prefill (targets: fp8 decode >= 1.5x, prefill >= 1.3x,
+#                    int8 decode >= 1.4x); its JSON is kept inside summary.json
+#   7. summary       summary.json and the compact table printed last
 # On the device machine, one call: `OUT=$OUT bash bench/gpu_suite.sh` with a timeout_s of about 540.
 # $OUT receives at most 8 files (the device tool's limit): suite.log, summary.json, ceilings.json,
-# kernels_check.json, kernels.json and three latency_*.json (spec.json stays in the scratch folder).
+# kernels_check.json, kernels.json and three latency_*.json (spec.json and quant.json stay in the scratch folder).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -43,8 +46,10 @@ if [ "$SMOKE" = "1" ]; then
   LAT_BIG=(--model "$MODEL_DIR"); LAT_BIG_NAME=tiny
   LAT_SMALL=(--model "$MODEL_DIR"); LAT_SMALL_NAME=tiny_again
   SPEC_ARGS=(--batch-sizes 1 --tasks copy --passage-tokens 48 --output-len 16 --repeats 1 --warmup-passes 2)
+  QUANT_ARGS=(--quick --model "$MODEL_DIR" --agreement-model "$MODEL_DIR" --big-batch 4 --prefill-len 32 --steps 2
+              --agreement-tokens 8 --no-llamacpp)
   LIMITS=(ceilings=60 kernel_check=120 kernel_sweep=150 latency_big_pallas=150 latency_big_xla=90 latency_small=90
-          spec=240)
+          spec=240 quant=240)
 else
   CEIL_ARGS=(--copy-bytes $((4 << 30)) --matmul-size 8192)
   CHECK_ARGS=(--cases gpu-check --timing off)
@@ -55,8 +60,10 @@ else
   LAT_BIG=(--model random:llama-2-7b); LAT_BIG_NAME=llama2_7b
   LAT_SMALL=(--model random:qwen2.5-0.5b); LAT_SMALL_NAME=qwen2.5_0.5b
   SPEC_ARGS=(--batch-sizes 1 16 --repeats 3 --warmup-passes 6)
+  QUANT_ARGS=(--model llama-2-7b --dtype bfloat16 --methods fp8 fp8_w8a16 int8 kv_fp8 --big-batch 64
+              --prefill-len 512 --steps 5 --agreement-tokens 32)
   LIMITS=(ceilings=50 kernel_check=75 kernel_sweep=150 latency_big_pallas=120 latency_big_xla=100 latency_small=70
-          spec=120)
+          spec=120 quant=180)
 fi
 
 limit_of() { local kv; for kv in "${LIMITS[@]}"; do [ "${kv%%=*}" = "$1" ] && echo "${kv#*=}"; done; }
@@ -108,9 +115,11 @@ run_stage latency_big_xla "$PY" -m bench.cli latency "${LAT_BIG[@]}" "${LAT_COMM
 run_stage latency_small "$PY" -m bench.cli latency "${LAT_SMALL[@]}" "${LAT_COMMON[@]}" \
   --attention-backend pallas --output "$OUT/latency_${LAT_SMALL_NAME}_pallas.json"
 run_stage spec "$PY" -m bench.cli spec --dtype float32 "${SPEC_ARGS[@]}" --output "$WORK/spec.json"
+run_stage quant "$PY" -m bench.cli quant "${QUANT_ARGS[@]}" --output "$WORK/quant.json"
 
 echo "=== summary (t=$(( $(date +%s) - START ))s)" | tee -a "$LOG"
-timeout 60 "$PY" -m bench.gpu_suite summary --out-dir "$OUT" --stages "$STAGES" --spec "$WORK/spec.json" 2>&1 \
+timeout 60 "$PY" -m bench.gpu_suite summary --out-dir "$OUT" --stages "$STAGES" --spec "$WORK/spec.json" \
+  --quant "$WORK/quant.json" 2>&1 \
   | tee -a "$LOG"
 echo "total $(( $(date +%s) - START ))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 rm -rf "$WORK"
