@@ -125,8 +125,10 @@ def load_prequantized(model, kind: str, cfg: ModelConfig, dtype, options: QuantO
     """Params of a pre-quantized checkpoint (QuantizedWeight leaves; dense leaves in ``dtype``)."""
     method = options.quantization if options.quantization in ("fp8", "fp8_w8a16") else None
     if kind == "hf-quantized":
-        from jaxinfer.quant_loader import load_quantized_hf_params
+        from jaxinfer.quant_loader import checkpoint_quantization, load_quantized_hf_params
 
+        if checkpoint_quantization(model).weight_strategy == "block":
+            method = None  # block-wise weights run as "fp8_block" (W8A8) whatever was asked ("fp8" or None)
         return load_quantized_hf_params(model, cfg, dtype, method=method)
     from jaxinfer.quant_checkpoint import restore_quantized_params
 
