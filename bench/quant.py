@@ -1,13 +1,14 @@
 """``jaxinfer-bench quant``: unquantized vs fp8 vs fp8_w8a16 vs int8 (and the fp8 KV cache), where they pay.
 
-Each variant's params come from the engine's own path (``jaxinfer.quant_setup.apply``: fp8 KV scales folded,
-linears quantized on load absmax per output channel, e4m3 weights held as int8 bytes on a CPU); pure-layer
-steps (``model.forward`` over the paged cache, jitted, cache donated, fresh random tokens every step) are timed
-at three shapes: a bandwidth-bound one (batch-1 decode) and compute-bound ones (batch-B decode, a T-token
-prefill). Columns per variant and shape: the first call (compile + run) and the steady-state step (median),
-tokens/s, the weight bytes a step reads (8-bit linears + their scales; embedding table excluded unless tied)
-plus the KV bytes, the floor (those bytes / the bandwidth measured in the same run), floor / step, GFLOP/s
-(2 x the params read x tokens), and the speedup over the unquantized model at that shape.
+Each variant's params come from the engine's own path (``jaxinfer.quant_setup.apply``: fp8 KV scales
+folded, linears quantized on load absmax per output channel, e4m3 weights held as int8 bytes on a CPU);
+pure-layer steps (``model.forward`` over the paged cache, jitted, cache donated, fresh random tokens every
+step) are timed at three shapes: a bandwidth-bound one (batch-1 decode) and compute-bound ones (batch-B
+decode, a T-token prefill), the variants' timed steps interleaved round-robin. Columns per variant and
+shape: the first call (compile + run) and the steady-state step (median), tokens/s, the weight bytes a step
+reads (8-bit linears + their scales; embedding table excluded unless tied) plus the KV bytes, the floor
+(those bytes / the bandwidth measured in the same run), floor / step, GFLOP/s (2 x the params read x
+tokens), and the speedup over the unquantized model at that shape.
 
 Quality (engine level, ``LLM(quantization=..., kv_cache_dtype=...)``): greedy agreement with the unquantized
 engine over ``--agreement-tokens`` tokens of two prompts, on the embedded default model (trained, so its
@@ -91,42 +92,57 @@ def read_bytes(cfg, params) -> int:
     return weight_bytes(params) - embed
 
 
-def bench_variant(name: str, cfg, dense, options, shapes, args, bandwidth: float) -> list[dict]:
+def _shape_batches(cfg, shape, args):
+    """(batches: first call + ``args.steps`` timed, cache blocks needed, mean context a step reads)."""
+    if shape["kind"] == "decode":
+        _, batches, num_blocks = decode_batches(cfg, shape["batch"], args.context, args.steps + 1, seed=1)
+        return batches, num_blocks, args.context
+    batches, num_blocks = _prefill_batches(cfg, shape["tokens"], args.steps + 1, seed=2)
+    return batches, num_blocks, shape["tokens"] / 2
+
+
+def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[dict]:
+    """Every variant at every shape. Per shape, each variant's first call (compile + run) comes first, then
+    the timed steps run round-robin over the variants (a load change on a shared machine hits them all alike);
+    the step time is each variant's median."""
     platform = jax.default_backend()
-    params = quant_setup.apply(dense, cfg, options, platform)
-    kv_dtype = quant_setup.kv_cache_dtype(options, args.dtype)
-    weights = read_bytes(cfg, params)
-    dense_params = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
     backend = "pallas" if platform == "gpu" else "xla"
+    params = {n: quant_setup.apply(dense, cfg, VARIANTS[n], platform) for n in names}
+    kv_dtypes = {n: quant_setup.kv_cache_dtype(VARIANTS[n], args.dtype) for n in names}
+    weights = {n: read_bytes(cfg, params[n]) for n in names}
+    dense_params = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
     rows = []
     for shape in shapes:
-        if shape["kind"] == "decode":
-            _, batches, num_blocks = decode_batches(cfg, shape["batch"], args.context, args.steps + 1, seed=1)
-            context = args.context
-        else:
-            batches, num_blocks = _prefill_batches(cfg, shape["tokens"], args.steps + 1, seed=2)
-            context = shape["tokens"] / 2
+        batches, num_blocks, context = _shape_batches(cfg, shape, args)
         width = 1 if shape["kind"] == "decode" else None
         attn = get_attention_fn(backend, query_width=width, sliding_window=cfg.sliding_window)
         step = jax.jit(lambda p, c, b: forward(p, c, b, cfg, attn), donate_argnums=1)
-        cache = allocate_kv_cache(cfg, num_blocks, BLOCK_SIZE, kv_dtype)
-        times = []
-        for batch in batches:
+        caches, first, times = {}, {}, {n: [] for n in names}
+        for n in names:
+            caches[n] = allocate_kv_cache(cfg, num_blocks, BLOCK_SIZE, kv_dtypes[n])
             t = time.perf_counter()
-            logits, cache = step(params, cache, batch)
+            logits, caches[n] = step(params[n], caches[n], batches[0])
             jax.block_until_ready(logits)
-            times.append(time.perf_counter() - t)
-        step_s = statistics.median(times[1:])
-        kv = shape["batch"] * context * 2 * cfg.num_layers * cfg.kv_size * jnp.dtype(kv_dtype).itemsize
-        floor = (weights + kv) / bandwidth
-        rows.append({"method": name, "shape": shape["shape"], "batch_size": shape["batch"],
-                     "tokens": shape["tokens"], "first_call_s": times[0], "step_s": step_s,
-                     "tok_per_s": shape["tokens"] / step_s, "weight_bytes_read": weights, "kv_bytes_read": kv,
-                     "kv_cache_dtype": jnp.dtype(kv_dtype).name, "floor_s": floor, "floor_fraction": floor / step_s,
-                     "gflop_per_s": 2 * dense_params * shape["tokens"] / step_s / 1e9})
-        del cache
-    del params
-    return rows
+            first[n] = time.perf_counter() - t
+        for batch in batches[1:]:
+            for n in names:
+                t = time.perf_counter()
+                logits, caches[n] = step(params[n], caches[n], batch)
+                jax.block_until_ready(logits)
+                times[n].append(time.perf_counter() - t)
+        del caches
+        for n in names:
+            step_s = statistics.median(times[n])
+            kv = shape["batch"] * context * 2 * cfg.num_layers * cfg.kv_size * jnp.dtype(kv_dtypes[n]).itemsize
+            floor = (weights[n] + kv) / bandwidth
+            rows.append({"method": n, "shape": shape["shape"], "batch_size": shape["batch"],
+                         "tokens": shape["tokens"], "first_call_s": first[n], "step_s": step_s,
+                         "step_times_s": times[n], "tok_per_s": shape["tokens"] / step_s,
+                         "weight_bytes_read": weights[n], "kv_bytes_read": kv,
+                         "kv_cache_dtype": jnp.dtype(kv_dtypes[n]).name, "floor_s": floor,
+                         "floor_fraction": floor / step_s,
+                         "gflop_per_s": 2 * dense_params * shape["tokens"] / step_s / 1e9})
+    return sorted(rows, key=lambda r: names.index(r["method"]))
 
 
 def greedy_agreement(model: str | None, tokens: int, names) -> dict:
@@ -222,9 +238,7 @@ def run(args) -> dict:
     bw = hardware.measure_bandwidth()
     cfg, dense, source = load_dense(args.model, dtype)
     shapes = step_shapes(args)
-    rows = []
-    for name in names:
-        rows += bench_variant(name, cfg, dense, VARIANTS[name], shapes, args, bw.bytes_per_s)
+    rows = bench_variants(names, cfg, dense, shapes, args, bw.bytes_per_s)
     del dense
     summary = summarize(rows)
     agreement = greedy_agreement(None if args.agreement_model == "default" else args.agreement_model,
