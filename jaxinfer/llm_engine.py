@@ -75,7 +75,7 @@ class LLMEngine:
             backend = "pallas" if platform == "gpu" else "xla"
         quant = quant_setup.QuantOptions(config.quantization, config.kv_cache_dtype)
         quant_setup.check_platform(quant, platform, backend)  # before anything is read or allocated
-        checkpoint_kind = quant_setup.check_checkpoint(quant, config.model)
+        checkpoint_kind = quant_setup.check_checkpoint(quant, config.model, quant_setup.has_fp8_compute(platform))
         self.model_config, params, self.tokenizer, self.model_source, self.sharding_plan = load_model(
             config.model, self.dtype, config.seed, mesh=self.mesh, expert_parallel=config.enable_expert_parallel,
             quant=quant,

@@ -36,7 +36,6 @@ from jaxinfer.kv_cache import FP8_KV_DTYPE
 from jaxinfer.quantization import (LINEAR_WEIGHT_NAMES, is_quantized, quantize_weight,
                                    weight_bytes, with_cpu_storage, with_method)
 
-QUANTIZATIONS = ("fp8", "fp8_w8a16", "int8")
 # linear weights quantized on load: every layer's attention and dense-MLP projections (an MoE layer's
 # router, routed experts and shared expert stay unquantized)
 QUANTIZED_ON_LOAD = LINEAR_WEIGHT_NAMES
@@ -62,15 +61,22 @@ def _compute_capability(device) -> tuple[int, int] | None:
     return int(major), int(minor or 0)
 
 
-def check_platform(options: QuantOptions, platform: str, attention_backend: str, devices=None) -> None:
-    """ValueError if this platform cannot run the options (before anything is loaded)."""
+def has_fp8_compute(platform: str, devices=None) -> bool:
+    """False on a GPU older than sm_89 (no fp8 tensor cores; Triton cannot convert e4m3 there)."""
     if platform != "gpu":
-        return  # the CPU formulations (jaxinfer.quant_cpu) run every method
+        return True  # the CPU formulations (jaxinfer.quant_cpu) run every method
     devices = jax.devices() if devices is None else devices
     ccs = [cc for cc in (_compute_capability(d) for d in devices) if cc is not None]
-    if not ccs or min(ccs) >= FP8_MIN_COMPUTE_CAPABILITY:
+    return not ccs or min(ccs) >= FP8_MIN_COMPUTE_CAPABILITY
+
+
+def check_platform(options: QuantOptions, platform: str, attention_backend: str, devices=None) -> None:
+    """ValueError if this platform cannot run the options (before anything is loaded)."""
+    if has_fp8_compute(platform, devices):
         return
-    kind, cc = devices[0].device_kind, "%d.%d" % min(ccs)
+    devices = jax.devices() if devices is None else devices
+    kind = devices[0].device_kind
+    cc = "%d.%d" % min(c for c in (_compute_capability(d) for d in devices) if c is not None)
     if options.quantization == "fp8":
         raise ValueError(f"quantization='fp8' (W8A8) needs fp8 tensor cores (compute capability >= 8.9); "
                          f"this {kind} is {cc}: use quantization='fp8_w8a16' (weight-only) or 'int8'")
@@ -95,9 +101,10 @@ def checkpoint_kind(model) -> str:
     return "dense"
 
 
-def check_checkpoint(options: QuantOptions, model) -> str:
-    """The checkpoint kind; ValueError when the requested method cannot run this checkpoint. Reads only
-    config files (a checkpoint's scales are checked by its loader, before anything is placed)."""
+def check_checkpoint(options: QuantOptions, model, fp8_compute: bool = True) -> str:
+    """The checkpoint kind; ValueError when the requested method cannot run this checkpoint (or, without
+    ``fp8_compute``, on this GPU). Reads only config files (a checkpoint's scales are checked by its loader,
+    before anything is placed)."""
     kind = checkpoint_kind(model)
     q = options.quantization
     if kind == "hf-quantized":
@@ -111,6 +118,9 @@ def check_checkpoint(options: QuantOptions, model) -> str:
         if q == "fp8_w8a16" and spec.weight_strategy == "block":
             raise ValueError(f"{model} has block-wise fp8 weights, which run as W8A8 only: use quantization=None "
                              "or 'fp8'")
+        if not fp8_compute and spec.weight_strategy == "block":
+            raise ValueError(f"{model} has block-wise fp8 weights (W8A8), which need fp8 tensor cores (compute "
+                             "capability >= 8.9); this GPU has none")
     elif kind == "orbax-quantized" and q is not None:
         from jaxinfer.loader import MARKER_FILE
 
@@ -122,8 +132,11 @@ def check_checkpoint(options: QuantOptions, model) -> str:
 
 
 def load_prequantized(model, kind: str, cfg: ModelConfig, dtype, options: QuantOptions) -> Any:
-    """Params of a pre-quantized checkpoint (QuantizedWeight leaves; dense leaves in ``dtype``)."""
+    """Params of a pre-quantized checkpoint (QuantizedWeight leaves; dense leaves in ``dtype``). On a GPU
+    without fp8 tensor cores, per-channel fp8 weights run weight-only unless asked otherwise."""
     method = options.quantization if options.quantization in ("fp8", "fp8_w8a16") else None
+    if method is None and not has_fp8_compute(jax.default_backend()):
+        method = "fp8_w8a16"
     if kind == "hf-quantized":
         from jaxinfer.quant_loader import checkpoint_quantization, load_quantized_hf_params
 
