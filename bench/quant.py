@@ -251,7 +251,8 @@ def run(args) -> dict:
     if args.formulations:
         from jaxinfer.quant_cpu import time_formulations
 
-        formulations = time_formulations(m=1, k=cfg.hidden_size, n=cfg.intermediate_size, layers=6, repeats=5)
+        # a chain larger than the last-level cache (a matrix alone may sit in it and flatter float32)
+        formulations = time_formulations(m=1, k=2048, n=8192, layers=6, repeats=5)
     load_at_end = os.getloadavg()[0]
     by = {(s["method"], s["shape"]): s for s in summary}
     report.print_table(
