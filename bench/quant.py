@@ -108,7 +108,7 @@ def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[di
     platform = jax.default_backend()
     backend = "pallas" if platform == "gpu" else "xla"
     params = {n: quant_setup.apply(dense, cfg, VARIANTS[n], platform) for n in names}
-    kv_dtypes = {n: quant_setup.kv_cache_dtype(VARIANTS[n], args.dtype) for n in names}
+    kv_dtypes = {n: quant_setup.kv_cache_dtype(VARIANTS[n], args.dtype, backend) for n in names}
     weights = {n: read_bytes(cfg, params[n]) for n in names}
     dense_params = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
     rows = []

@@ -81,7 +81,7 @@ class LLMEngine:
             quant=quant,
         )
         cfg = self.model_config
-        self.kv_dtype = quant_setup.kv_cache_dtype(quant, self.dtype)
+        self.kv_dtype = quant_setup.kv_cache_dtype(quant, self.dtype, backend)
         self.quantization = quant_setup.describe(params, cfg, self.dtype, quant, checkpoint_kind)
         if quant.active or checkpoint_kind != "dense":
             logger.info(quant_setup.summary_line(self.quantization))

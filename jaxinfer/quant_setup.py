@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from jaxinfer import quant_kv
 from jaxinfer.config import ModelConfig
-from jaxinfer.kv_cache import FP8_KV_DTYPE
+from jaxinfer.kv_cache import FP8_BITS_KV_DTYPE, FP8_KV_DTYPE
 from jaxinfer.quantization import (LINEAR_WEIGHT_NAMES, is_quantized, quantize_weight,
                                    weight_bytes, with_cpu_storage, with_method)
 
@@ -174,8 +174,14 @@ def apply(params: dict, cfg: ModelConfig, options: QuantOptions, platform: str) 
     return out
 
 
-def kv_cache_dtype(options: QuantOptions, model_dtype):
-    return FP8_KV_DTYPE if options.kv_cache_dtype == "fp8" else jnp.dtype(model_dtype)
+def kv_cache_dtype(options: QuantOptions, model_dtype, attention_backend: str = "pallas"):
+    """The KV cache arrays' dtype: the model's, or e4m3 (its bytes typed int8 for the XLA attention path on a
+    CPU: ``jaxinfer.kv_cache.FP8_BITS_KV_DTYPE``)."""
+    if options.kv_cache_dtype != "fp8":
+        return jnp.dtype(model_dtype)
+    if attention_backend == "xla" and jax.default_backend() == "cpu":
+        return FP8_BITS_KV_DTYPE
+    return FP8_KV_DTYPE
 
 
 def describe(params: dict, cfg: ModelConfig, dtype, options: QuantOptions, kind: str = "dense") -> dict[str, Any]:
