@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import compare, kernels, latency, moe, paged, phase1, prefix, serve, serve_model, spec, startup, tp
+from bench import compare, kernels, latency, moe, paged, phase1, prefix, quant, serve, serve_model, spec, startup, tp
 
 EXPERIMENTS = {
     "latency": latency,
@@ -21,6 +21,7 @@ EXPERIMENTS = {
     "phase1": phase1,
     "tp": tp,
     "moe": moe,
+    "quant": quant,
 }
 
 

@@ -159,6 +159,16 @@ def spec_summary(payload: dict | None) -> dict | None:
             "rows": [{key: r.get(key) for key in keep} for r in payload.get("results", [])]}
 
 
+def quant_summary(payload: dict | None) -> dict | None:
+    """The quant bench's speedups per method and shape, its greedy agreement and KV blocks."""
+    if not payload:
+        return None
+    return {"model": payload.get("model"), "dtype": payload.get("dtype"),
+            "speedups": [{k: r.get(k) for k in ("method", "shape", "speedup", "bytes_ratio", "step_ms")}
+                         for r in payload.get("summary", [])],
+            "greedy_agreement": payload.get("greedy_agreement"), "kv_blocks": payload.get("kv_blocks")}
+
+
 def _fmt(v, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -188,7 +198,7 @@ def embedded_line(name: str, payload: dict) -> str:
 
 
 def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = None,
-              embed: dict[str, Path] | None = None) -> dict:
+              quant_file: Path | None = None, embed: dict[str, Path] | None = None) -> dict:
     stages = []
     if stages_file and stages_file.is_file():
         stages = [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()]
@@ -208,6 +218,7 @@ def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = 
         "kernel_sweep": kernel_summary(_load(out_dir / "kernels.json")),
         "latency": {p.stem: latency_summary(_load(p)) for p in sorted(out_dir.glob("latency_*.json"))},
         "spec": spec_summary(_load(spec_file)) if spec_file else None,
+        "quant": quant_summary(_load(quant_file)) if quant_file else None,
         "embedded": {name: _load(path) for name, path in (embed or {}).items()},
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -263,6 +274,10 @@ def print_summary(s: dict) -> None:
         cells = [f"{r['task']} b{r['batch_size']} {r['method']} {_fmt(r['speedup'], '.2f')}x"
                  f"{'' if r['greedy_identical'] else ' NOT IDENTICAL'}" for r in sp["rows"] if r["method"] != "off"]
         lines.append(f"spec (k={sp['k']}, {sp['dtype']}): " + " | ".join(cells))
+    q = s.get("quant")
+    if q:
+        cells = [f"{r['method']} {r['shape']} {_fmt(r['speedup'], '.2f')}x" for r in q["speedups"]]
+        lines.append(f"quant ({q['model']}, {q['dtype']}): " + " | ".join(cells))
     for name, payload in (s.get("embedded") or {}).items():
         lines.append(embedded_line(name, payload) if payload else f"{name}: no result")
     print("\n".join(lines), flush=True)
@@ -284,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out-dir", required=True)
     s.add_argument("--stages", default=None)
     s.add_argument("--spec", default=None, help="the spec bench's JSON (embedded in summary.json)")
+    s.add_argument("--quant", default=None, help="the quant bench's JSON (embedded in summary.json)")
     s.add_argument("--embed", nargs="*", default=[], metavar="NAME=FILE",
                    help="other bench JSONs to embed whole (the device tool returns few files)")
     args = p.parse_args(argv)
@@ -298,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         embed = dict(item.split("=", 1) for item in args.embed)
         summarize(Path(args.out_dir), Path(args.stages) if args.stages else None,
-                  Path(args.spec) if args.spec else None, {k: Path(v) for k, v in embed.items()})
+                  Path(args.spec) if args.spec else None, Path(args.quant) if args.quant else None,
+                  {k: Path(v) for k, v in embed.items()})
     return 0
 
 

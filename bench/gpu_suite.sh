@@ -15,12 +15,15 @@
 #                    last, compilations after start (target: warm start <= 60 s, 0 compilations)
 #   6. tp            `jaxinfer-bench tp`: all-reduces per decode step from the compiled HLO (TP 1 / 2 / 4)
 #   7. moe           `jaxinfer-bench moe`: MoE decode against its dense twin, batch 1 to 32
-#   8. latency_big_xla, latency_small: the same decode with the XLA backend, and on a 0.5B model
-#   9. spec          `jaxinfer-bench spec` on the embedded models (float32, batch 1 and 16): speculation's
+#   8. quant         `jaxinfer-bench quant`: fp8 / fp8_w8a16 / int8 / fp8 KV vs bf16 at 7B shapes, batch-1 and
+#                    batch-64 decode and a 512-token prefill (targets: fp8 decode >= 1.5x, prefill >= 1.3x,
+#                    int8 decode >= 1.4x)
+#   9. latency_big_xla, latency_small: the same decode with the XLA backend, and on a 0.5B model
+#  10. spec          `jaxinfer-bench spec` on the embedded models (float32, batch 1 and 16): speculation's
 #                    speedup, acceptance and greedy identity
-#  10. phase1        `jaxinfer-bench phase1 --quick` with what is left of the budget (rows that do not fit
+#  11. phase1        `jaxinfer-bench phase1 --quick` with what is left of the budget (rows that do not fit
 #                    say "skipped" / "timed out")
-#  11. summary       summary.json (embedding the JSON of stages 5-7, 9, 10) and the compact table printed last
+#  12. summary       summary.json (embedding the JSON of stages 5-8, 10, 11) and the compact table printed last
 # On the device machine, one call: `OUT=$OUT bash bench/gpu_suite.sh` with a timeout_s of about 590.
 # $OUT receives at most 8 files (the device tool's limit): suite.log, summary.json, ceilings.json,
 # kernels_check.json, kernels.json and three latency_*.json (the others stay in the scratch folder and are
@@ -56,8 +59,10 @@ if [ "$SMOKE" = "1" ]; then
   TP_ARGS=(--model random:llama-150m --dtype float32 --tp-sizes 1 2)
   MOE_ARGS=(--batch-sizes 1 --steps 1 --context 8)
   PHASE1_ARGS=(--tiny --only tensor_parallel moe)
+  QUANT_ARGS=(--quick --model "$MODEL_DIR" --agreement-model "$MODEL_DIR" --big-batch 4 --prefill-len 32 --steps 2
+              --agreement-tokens 8 --no-llamacpp)
   LIMITS=(ceilings=60 kernel_check=120 kernel_sweep=150 latency_big_pallas=150 latency_big_xla=90 latency_small=90
-          startup=150 tp=90 moe=90 spec=240 phase1=180)
+          startup=150 tp=90 moe=90 quant=240 spec=240 phase1=180)
 else
   CEIL_ARGS=(--copy-bytes $((4 << 30)) --matmul-size 8192)
   CHECK_ARGS=(--cases gpu-check --timing off)
@@ -74,7 +79,9 @@ else
   TP_ARGS=(--model random:qwen2.5-7b --tp-sizes 1 2 4)
   MOE_ARGS=(--batch-sizes 1 4 32 --steps 8 --dtype bfloat16)
   PHASE1_ARGS=(--quick)
-  LIMITS=(ceilings=45 kernel_check=60 kernel_sweep=110 latency_big_pallas=100 startup=150 tp=40 moe=50
+  QUANT_ARGS=(--model llama-2-7b --dtype bfloat16 --methods fp8 fp8_w8a16 int8 kv_fp8 --big-batch 64
+              --prefill-len 512 --steps 5 --agreement-tokens 32)
+  LIMITS=(ceilings=45 kernel_check=60 kernel_sweep=110 latency_big_pallas=100 startup=150 tp=40 moe=50 quant=150
           latency_big_xla=70 latency_small=60 spec=100 phase1=200)
 fi
 
@@ -125,6 +132,7 @@ run_stage latency_big_pallas "$PY" -m bench.cli latency "${LAT_BIG[@]}" "${LAT_C
 run_stage startup "$PY" -m bench.cli startup "${STARTUP_ARGS[@]}" --output "$WORK/startup.json"
 run_stage tp "$PY" -m bench.cli tp "${TP_ARGS[@]}" --output "$WORK/tp.json"
 run_stage moe "$PY" -m bench.cli moe "${MOE_ARGS[@]}" --output "$WORK/moe.json"
+run_stage quant "$PY" -m bench.cli quant "${QUANT_ARGS[@]}" --output "$WORK/quant.json"
 run_stage latency_big_xla "$PY" -m bench.cli latency "${LAT_BIG[@]}" "${LAT_COMMON[@]}" \
   --attention-backend xla --output "$OUT/latency_${LAT_BIG_NAME}_xla.json"
 run_stage latency_small "$PY" -m bench.cli latency "${LAT_SMALL[@]}" "${LAT_COMMON[@]}" \
@@ -136,7 +144,7 @@ run_stage phase1 "$PY" -m bench.cli phase1 "${PHASE1_ARGS[@]}" --time-budget-s @
 
 echo "=== summary (t=$(( $(date +%s) - START ))s)" | tee -a "$LOG"
 timeout 60 "$PY" -m bench.gpu_suite summary --out-dir "$OUT" --stages "$STAGES" --spec "$WORK/spec.json" \
-  --embed startup="$WORK/startup.json" tp="$WORK/tp.json" moe="$WORK/moe.json" phase1="$WORK/phase1.json" 2>&1 \
+  --quant "$WORK/quant.json" --embed startup="$WORK/startup.json" tp="$WORK/tp.json" moe="$WORK/moe.json" phase1="$WORK/phase1.json" 2>&1 \
   | tee -a "$LOG"
 echo "total $(( $(date +%s) - START ))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 rm -rf "$WORK"

@@ -16,6 +16,8 @@ bounds), so a block table padded to its full width costs nothing:
 The static ``query_width`` says which a step needs: ``W >= 1`` promises that no sequence has more than W
 queries (a decode or verification step: the short loop only); ``None`` is a mixed step (single-query slots
 take the short loop, longer runs the query-block loop). Nothing else about the batch is static.
+
+Caches may be float, float8_e4m3fn, or e4m3 bytes typed int8 (an fp8 KV cache on the CPU): ``widen_kv``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ import jax.numpy as jnp
 
 BACKENDS = ("xla", "pallas")
 _FINITE_MIN = -1e30  # running-max start: finite, so a block with no valid key rescales by exp(0), never NaN
+
+
+def widen_kv(x):
+    """Gathered K/V as float32: float caches and e4m3 ones (``kv_cache_dtype="fp8"``) by a cast; e4m3 bytes held
+    as int8 (the fp8 cache's CPU storage, ``jaxinfer.kv_cache``) reinterpreted first."""
+    if jnp.dtype(x.dtype) == jnp.dtype(jnp.int8):
+        x = jax.lax.bitcast_convert_type(x, jnp.float8_e4m3fn)
+    return x.astype(jnp.float32)
 
 
 def _online_softmax_step(carry, scores, weighted_sum):
@@ -92,8 +102,8 @@ def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens
 
     def visit(index, carry):
         table = tables[index]
-        k = k_cache[table].reshape(num_seqs, keys, num_kv_heads, head_dim).astype(jnp.float32)
-        v = v_cache[table].reshape(num_seqs, keys, num_kv_heads, head_dim).astype(jnp.float32)
+        k = widen_kv(k_cache[table]).reshape(num_seqs, keys, num_kv_heads, head_dim)
+        v = widen_kv(v_cache[table]).reshape(num_seqs, keys, num_kv_heads, head_dim)
         scores = jnp.einsum("skqd,sckd->skqc", q, k)
         k_pos = index * keys + jnp.arange(keys)
         valid = k_pos[None, None, :] <= row_pos[:, :, None]  # [S, rows, C]
@@ -163,8 +173,8 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
 
         def visit(kb, carry):
             ids = jax.lax.dynamic_slice_in_dim(table, kb * pages, pages)
-            k = k_cache[ids].reshape(keys, num_kv_heads, head_dim).astype(jnp.float32)
-            v = v_cache[ids].reshape(keys, num_kv_heads, head_dim).astype(jnp.float32)
+            k = widen_kv(k_cache[ids]).reshape(keys, num_kv_heads, head_dim)
+            v = widen_kv(v_cache[ids]).reshape(keys, num_kv_heads, head_dim)
             scores = jnp.einsum("krd,ckd->krc", q, k)
             k_pos = kb * keys + jnp.arange(keys)
             valid = k_pos[None, :] <= q_pos[:, None]  # [rows, C]

@@ -33,6 +33,8 @@ def _convert(args) -> int:
 
     from jaxinfer.loader import convert_hf_checkpoint
 
+    if args.quantization is not None:
+        return _convert_quantized(args)
     out = convert_hf_checkpoint(args.hf_dir, args.out_dir, dtype=jnp.dtype(args.dtype), overwrite=args.overwrite)
     print(f"wrote {out}")
     return 0
@@ -42,6 +44,29 @@ def _serve(args) -> int:
     from jaxinfer.server.launch import serve
 
     return serve(args)
+
+
+def _convert_quantized(args) -> int:
+    """``convert --quantization METHOD``: quantize on load (as ``LLM(quantization=METHOD)`` does; e4m3
+    weights kept as float8) and write a quantized orbax directory (``jaxinfer.quant_checkpoint``)."""
+    import jax.numpy as jnp
+
+    from jaxinfer import quant_setup
+    from jaxinfer.config import ModelConfig
+    from jaxinfer.loader import load_hf_params
+    from jaxinfer.quant_checkpoint import save_quantized_params
+
+    cfg = ModelConfig.from_pretrained(args.hf_dir)
+    options = quant_setup.QuantOptions(args.quantization, include_lm_head=args.quantize_lm_head)
+    quant_setup.check_checkpoint(options, args.hf_dir)
+    if quant_setup.checkpoint_kind(args.hf_dir) != "dense":
+        raise SystemExit(f"{args.hf_dir} is already quantized: convert an unquantized checkpoint")
+    dtype = jnp.dtype(args.dtype)
+    params = quant_setup.apply(load_hf_params(args.hf_dir, cfg, dtype), cfg, options, platform="any")
+    out = save_quantized_params(params, args.out_dir, cfg, copy_files_from=args.hf_dir, overwrite=args.overwrite)
+    print(quant_setup.summary_line(quant_setup.describe(params, cfg, dtype, options)))
+    print(f"wrote {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("out_dir")
     c.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     c.add_argument("--overwrite", action="store_true")
+    c.add_argument("--quantization", default=None, choices=["fp8", "fp8_w8a16", "int8"],
+                   help="quantize the linear weights (absmax per output channel) and write a quantized checkpoint")
+    c.add_argument("--quantize-lm-head", action="store_true", help="with --quantization: the LM head too")
     c.set_defaults(func=_convert)
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (needs the server extra)")
     from jaxinfer.server.launch import add_arguments as add_serve_arguments

@@ -8,6 +8,8 @@ from typing import Any
 ATTENTION_BACKENDS = ("auto", "xla", "pallas")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILATION_MODES = ("eager", "lazy")
+QUANTIZATION_METHODS = (None, "fp8", "fp8_w8a16", "int8")  # jaxinfer.quant_setup does the rest of the checks
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +35,10 @@ class EngineConfig:
     compilation_cache_dir: str | None = None  # None: $JAXINFER_CACHE_DIR or ~/.cache/jaxinfer
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    # None: the checkpoint's own weights (a pre-quantized checkpoint loads quantized); "fp8" W8A8 e4m3,
+    # "fp8_w8a16" e4m3 weights only, "int8" int8 weights only: quantized on load (jaxinfer.quant_setup)
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3 K/V with per-layer scales
     speculative_config: dict[str, Any] | None = None
     seed: int = 0
 
@@ -62,10 +67,10 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size must be a positive int, got {self.tensor_parallel_size!r}")
         if not isinstance(self.enable_expert_parallel, bool):
             raise TypeError(f"enable_expert_parallel must be True or False, got {self.enable_expert_parallel!r}")
-        if self.quantization is not None:
-            raise NotImplementedError(
-                f"quantization={self.quantization!r} is not implemented yet; use quantization=None"
-            )
+        if self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.speculative_config is not None:
             from jaxinfer.spec_config import SpeculativeConfig
 

@@ -5,6 +5,10 @@ Layout, per layer: ``k`` and ``v`` of shape ``[num_blocks, block_size, num_kv_he
 ``(k, v)`` tuples and is donated to the jitted step, which updates it in place. Under tensor parallelism
 each array is sharded over the KV-head axis (``sharding.ShardingPlan.kv_cache_sharding``): every device holds
 all blocks for its own heads, so the block ids are the same on every device.
+
+With ``kv_cache_dtype="fp8"`` the arrays are float8_e4m3fn (on the CPU: their bytes typed int8, see
+``FP8_BITS_KV_DTYPE``): writes saturate at +-448, and the per-layer scales are folded into the model's weights
+by ``jaxinfer.quant_kv`` (nothing here knows them).
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import jax.numpy as jnp
 from jaxinfer.config import ModelConfig
 
 KVCache = list  # list[tuple[jax.Array, jax.Array]], one (k, v) per layer
+FP8_KV_DTYPE = jnp.dtype(jnp.float8_e4m3fn)  # kv_cache_dtype="fp8" (per-layer scales: jaxinfer.quant_kv)
+# The same e4m3 bytes typed int8: the fp8 cache's storage on the CPU, where XLA scatters into a float8 array
+# by copying the whole cache (measured: a 64-token write into a 7 MB layer cache 3.1 ms vs 0.04 ms as int8)
+FP8_BITS_KV_DTYPE = jnp.dtype(jnp.int8)
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, sharding=None) -> KVCache:
@@ -50,6 +58,11 @@ def write_kv(cache: jax.Array, new: jax.Array, slot_mapping: jax.Array) -> jax.A
     if slot_mapping.shape[0] == 1:
         new = jnp.concatenate([new, jnp.zeros_like(new)])
         slot_mapping = jnp.concatenate([slot_mapping, jnp.zeros_like(slot_mapping)])  # slot 0: the null slot
+    if jnp.dtype(cache.dtype) in (FP8_KV_DTYPE, FP8_BITS_KV_DTYPE):  # saturate: e4m3 has no inf (-> NaN)
+        limit = float(jnp.finfo(FP8_KV_DTYPE).max)
+        new = jnp.clip(new.astype(jnp.float32), -limit, limit).astype(FP8_KV_DTYPE)
+        if jnp.dtype(cache.dtype) == FP8_BITS_KV_DTYPE:
+            new = jax.lax.bitcast_convert_type(new, FP8_BITS_KV_DTYPE)
     return cache.at[slot_mapping // block_size, slot_mapping % block_size].set(
         new.astype(cache.dtype), unique_indices=True
     )

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import host_allocator, multihost
+from jaxinfer import host_allocator, multihost, quant_setup
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
 from jaxinfer.compile_monitor import CompileWatch
@@ -70,10 +70,21 @@ class LLMEngine:
                 "a draft model with tensor_parallel_size > 1 is not supported yet: use method 'ngram' "
                 "or tensor_parallel_size=1"
             )
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "pallas" if platform == "gpu" else "xla"
+        quant = quant_setup.QuantOptions(config.quantization, config.kv_cache_dtype)
+        quant_setup.check_platform(quant, platform, backend)  # before anything is read or allocated
+        checkpoint_kind = quant_setup.check_checkpoint(quant, config.model, quant_setup.has_fp8_compute(platform))
         self.model_config, params, self.tokenizer, self.model_source, self.sharding_plan = load_model(
-            config.model, self.dtype, config.seed, mesh=self.mesh, expert_parallel=config.enable_expert_parallel
+            config.model, self.dtype, config.seed, mesh=self.mesh, expert_parallel=config.enable_expert_parallel,
+            quant=quant,
         )
         cfg = self.model_config
+        self.kv_dtype = quant_setup.kv_cache_dtype(quant, self.dtype, backend)
+        self.quantization = quant_setup.describe(params, cfg, self.dtype, quant, checkpoint_kind)
+        if quant.active or checkpoint_kind != "dense":
+            logger.info(quant_setup.summary_line(self.quantization))
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         if self.max_model_len > cfg.max_position_embeddings and cfg.rope_scaling is None:
             raise ValueError(
@@ -81,9 +92,6 @@ class LLMEngine:
                 f"({cfg.max_position_embeddings})"
             )
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else cfg.eos_token_ids
-        backend = config.attention_backend
-        if backend == "auto":
-            backend = "pallas" if platform == "gpu" else "xla"
         self.attention_backend = backend
         self.num_blocks = self._num_kv_blocks(platform)
         sched_cfg = SchedulerConfig(
@@ -103,7 +111,7 @@ class LLMEngine:
         self.banned_width = max(16, -(-(len(self.eos_token_ids) + 8) // 8) * 8)
         self._cache = self._executable_cache()
         self._runner_kwargs = dict(num_blocks=self.num_blocks, block_size=config.block_size, sharding=self.sharding_plan,
-                                   max_model_len=self.max_model_len, kv_dtype=self.dtype, attention_backend=backend,
+                                   max_model_len=self.max_model_len, kv_dtype=self.kv_dtype, attention_backend=backend,
                                    eos_token_ids=self.eos_token_ids, banned_width=self.banned_width, cache=self._cache)
         draft_model = spec is not None and spec.method == "draft_model"
         self.runner = ModelRunner(
@@ -176,7 +184,7 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len}"
             )
         self.draft_runner = ModelRunner(draft_cfg, draft_params, plan=self._plan("last"), name="draft",
-                                        **self._runner_kwargs)
+                                        **{**self._runner_kwargs, "kv_dtype": self.dtype})  # dense draft
         self.proposer = DraftProposer(self.draft_runner, sc.num_speculative_tokens)
 
     def _make_mesh(self):
@@ -196,9 +204,9 @@ class LLMEngine:
 
     def _num_kv_blocks(self, platform: str) -> int:
         cfg, c = self.model_config, self.config
-        per_block = kv_cache_bytes_per_block(cfg, c.block_size, self.dtype)
+        per_block = kv_cache_bytes_per_block(cfg, c.block_size, self.kv_dtype)
         if self.sharding_plan is not None:  # each device holds its KV heads of every block
-            per_block = self.sharding_plan.kv_cache_bytes_per_block_per_device(c.block_size, self.dtype)
+            per_block = self.sharding_plan.kv_cache_bytes_per_block_per_device(c.block_size, self.kv_dtype)
         blocks_per_seq = -(-self.max_model_len // c.block_size)
         if c.num_kv_blocks is not None:
             num = c.num_kv_blocks
@@ -554,4 +562,5 @@ class LLMEngine:
             "compilation": self.config.compilation,
             "num_steps": self.num_steps,
             "speculation_arms": self.spec_controller.summary() if self.spec_controller is not None else {},
+            "quantization": self.quantization,  # what was quantized, weight bytes before / after
         }

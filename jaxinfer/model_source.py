@@ -37,7 +37,8 @@ def resolve_dtype(dtype: str, platform: str):
     return jnp.dtype(dtype)
 
 
-def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None, expert_parallel: bool = False):
+def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None, expert_parallel: bool = False,
+               quant=None):
     """Return (ModelConfig, params pytree, Tokenizer | None, source description, ShardingPlan | None).
 
     With a ``mesh`` (tensor / expert parallelism), the checkpoint is validated against it before anything
@@ -46,8 +47,10 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
     replicated up to the device count if fewer). Without one, params sit on the default device (and on a
     single CPU device an MoE model's experts are unstacked, which XLA:CPU reads in place).
     ``expert_parallel`` on a dense model is a ValueError, raised before any weight is read.
+    ``quant``: a ``jaxinfer.quant_setup.QuantOptions`` (None: load as stored): pre-quantized checkpoints are
+    read by its loaders, and its KV scales and quantize-on-load are applied before the params are placed.
     """
-    from jaxinfer import loader, moe, presets, weights
+    from jaxinfer import loader, moe, presets, quant_setup, weights
     from jaxinfer.tokenizer import load_tokenizer
 
     tokenizer, source = None, str(model)
@@ -60,7 +63,12 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
         if not path.is_dir():
             raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
         tokenizer, source = load_tokenizer(path), str(path)
-        if loader.is_orbax_dir(path):
+        kind = quant_setup.checkpoint_kind(path)
+        if kind != "dense":
+            cfg = ModelConfig.from_pretrained(path)
+            plan = _plan(cfg, mesh, expert_parallel)
+            params = quant_setup.load_prequantized(path, kind, cfg, dtype, quant or quant_setup.QuantOptions())
+        elif loader.is_orbax_dir(path):
             cfg = ModelConfig.from_pretrained(path)
             plan = _plan(cfg, mesh, expert_parallel)
             _, params = loader.restore_params(path, shardings=plan.load_shardings() if plan else None)
@@ -69,6 +77,8 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
             cfg = ModelConfig.from_pretrained(path)
             plan = _plan(cfg, mesh, expert_parallel)
             params = loader.load_hf_params(path, cfg, dtype, shardings=plan.load_shardings() if plan else None)
+    if quant is not None:
+        params = quant_setup.apply(params, cfg, quant, jax.default_backend())
     if plan is not None:
         return plan.cfg, plan.place_params(params), tokenizer, source, plan
     if cfg.is_moe and jax.default_backend() == "cpu":

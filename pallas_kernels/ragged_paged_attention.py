@@ -11,7 +11,8 @@ context has ``kv_lens[s]`` tokens, the last ``q_len`` of which are the new queri
 already in the cache), so query ``i`` sits at position ``kv_lens[s] - q_len + i`` and sees keys
 ``0..position`` (only keys ``> position - sliding_window`` if a window is set). Key ``j`` lives
 at ``k_cache[block_tables[s, j // BS], j % BS]``. Query head ``h`` reads kv head ``h // G`` with
-``G = Hq // Hkv``.
+``G = Hq // Hkv``. The caches share q's dtype, or are float8_e4m3fn (an fp8 KV cache: each key and
+value is widened to q's dtype as it is loaded; scales are the caller's, folded into q and the output).
 
 Grid and work list
 ------------------
@@ -51,6 +52,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+_FP8_CACHE_DTYPE = jnp.dtype(jnp.float8_e4m3fn)  # an fp8 KV cache: e4m3 K/V read with float q
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 _RUNNING_MAX_INIT = -1e30  # finite, so rows that see no key give exp(-inf - init) = 0, never NaN
 _MIN_DOT_DIM = 16  # Triton's tensor-core dot wants every matmul dimension >= 16
@@ -87,6 +89,7 @@ class _KernelConfig:
     sm_scale: float
     sliding_window: int | None
     precise_dots: bool  # float32 inputs: IEEE dots, not TF32
+    fp8_cache: bool = False  # K/V stored float8_e4m3fn (their per-layer scales are folded in by the caller)
 
     @property
     def group(self) -> int:
@@ -181,6 +184,8 @@ def _attention_kernel(work_ref, cu_q_lens_ref, kv_lens_ref, block_tables_ref, q_
             kv_mask = with_lanes(key_valid[:, None])
             k = plt.load(k_ref.at[page, slot, kv_head, lane], mask=kv_mask, other=0.0)
             v = plt.load(v_ref.at[page, slot, kv_head, lane], mask=kv_mask, other=0.0)
+            if cfg.fp8_cache:  # e4m3 K/V (kv_cache_dtype="fp8"): widened to q's dtype in registers
+                k, v = k.astype(q.dtype), v.astype(q.dtype)
             scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                                          preferred_element_type=jnp.float32) * cfg.sm_scale
             # Causality (and the window) imply keys_start <= key < keys_end. Rows that are not
@@ -290,9 +295,10 @@ def _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, s
         raise ValueError(f"k_cache must be [num_blocks, block_size, Hkv, D], got {k_cache.shape}")
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache shape {v_cache.shape} != k_cache shape {k_cache.shape}")
-    if not (jnp.dtype(q.dtype) == jnp.dtype(k_cache.dtype) == jnp.dtype(v_cache.dtype)):
-        raise ValueError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
-                         f"{v_cache.dtype}")
+    if jnp.dtype(k_cache.dtype) != jnp.dtype(v_cache.dtype) or jnp.dtype(k_cache.dtype) not in (
+            jnp.dtype(q.dtype), _FP8_CACHE_DTYPE):
+        raise ValueError(f"q, k_cache, v_cache must share a dtype (or the caches be float8_e4m3fn), got "
+                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if jnp.dtype(q.dtype) not in _SUPPORTED_DTYPES:
         raise ValueError(f"dtype {q.dtype} unsupported; use bfloat16, float16 or float32")
     _, hq, d = q.shape
@@ -368,7 +374,8 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
         num_tokens=t, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks,
         block_size=bs, block_q=block_q, block_kv=kv_pages_per_step * bs,
         num_kv_splits=num_kv_splits, sm_scale=float(sm_scale), sliding_window=sliding_window,
-        precise_dots=jnp.dtype(q.dtype) == jnp.float32)
+        precise_dots=jnp.dtype(q.dtype) == jnp.float32,
+        fp8_cache=jnp.dtype(k_cache.dtype) == _FP8_CACHE_DTYPE)
     as_i32 = lambda x: x.astype(jnp.int32)
     return _ragged_paged_attention_call(
         q, k_cache, v_cache, as_i32(block_tables), as_i32(cu_q_lens), as_i32(kv_lens), cfg=cfg,

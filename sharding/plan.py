@@ -11,6 +11,8 @@ From the plan come the shardings of the params (derived from ``jaxinfer.weights`
 ``rules.LOGICAL_AXIS_RULES``), of the KV cache (split by KV head: every device holds every block for its
 heads, so the host's block ids are valid on every device), of the step batch (replicated), and of the
 logits (replicated: the LM head is vocab-parallel and only the rows that are sampled are gathered).
+A quantized weight (``jaxinfer.quantization.QuantizedWeight``) is placed with its scales sharded like its
+output channels (``quantized_shardings``).
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxinfer import weights
 from jaxinfer.config import ModelConfig
 from jaxinfer.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
+from jaxinfer.quantization import QuantizedWeight, is_quantized
+from jaxinfer.quantization import logical_axes as quant_logical_axes
 from sharding import ops
 from sharding.mesh import EXPERT
-from sharding.rules import KV_CACHE_AXES, kv_heads_on_devices, partition_spec, validate
+from sharding.rules import KV_CACHE_AXES, kv_heads_on_devices, mesh_axes, partition_spec, validate
 
 
 def _is_spec(x) -> bool:
@@ -89,11 +93,14 @@ class ShardingPlan:
         as the sharded model's: KV projections expanded if heads are replicated, every leaf resharded.
         One leaf at a time (no second copy of the model)."""
         flat, treedef = jax.tree_util.tree_flatten(weights.param_specs(self.cfg), is_leaf=_is_spec)
-        leaves = jax.tree_util.tree_leaves(params)
+        leaves = jax.tree_util.tree_leaves(params, is_leaf=is_quantized)
         if len(leaves) != len(flat):
             raise ValueError(f"params have {len(leaves)} leaves; the config declares {len(flat)}")
         placed = []
         for spec, leaf in zip(flat, leaves):
+            if is_quantized(leaf):
+                placed.append(self._place_quantized(spec, leaf))
+                continue
             sharding = self.named(spec.logical_axes)
             if "kv_heads" in spec.logical_axes and self.kv_head_repeats > 1:
                 placed.append(_repeat_heads_fn(spec.logical_axes.index("kv_heads"), self.source_cfg.head_dim,
@@ -101,6 +108,34 @@ class ShardingPlan:
             else:
                 placed.append(jax.device_put(leaf, sharding))
         return jax.tree_util.tree_unflatten(treedef, placed)
+
+    def quantized_shardings(self, spec: weights.ParamSpec, qw: QuantizedWeight) -> QuantizedWeight:
+        """Shardings of a quantized weight's arrays: qweight [out, in] as the dense weight's axes (swapped),
+        per-channel scales with their output channels, block scales with their blocks, a static input scale
+        replicated (the rows of ``sharding.rules`` via ``quantization.logical_axes``)."""
+        axes = quant_logical_axes(qw, spec.logical_axes)
+        if qw.method == "fp8_block":
+            for size, axis in zip(qw.scale.shape, axes.scale):
+                n = 1
+                for mesh_axis in mesh_axes(axis):
+                    n *= self.mesh.shape[mesh_axis]
+                if size % n:
+                    raise ValueError(f"{spec.hf_name}: {size} weight blocks along {axis!r} cannot be split "
+                                     f"{n} ways; choose a tensor_parallel_size that divides the block count")
+        return jax.tree.map(self.named, axes, is_leaf=lambda a: isinstance(a, tuple))
+
+    def _place_quantized(self, spec: weights.ParamSpec, qw: QuantizedWeight) -> QuantizedWeight:
+        shardings = self.quantized_shardings(spec, qw)
+        if "kv_heads" in spec.logical_axes and self.kv_head_repeats > 1:
+            if qw.method == "fp8_block":
+                raise NotImplementedError(f"{spec.hf_name}: block-quantized KV projections cannot be replicated "
+                                          "over more devices than KV heads; use a smaller tensor_parallel_size")
+            repeat = functools.partial(_repeat_heads_fn, 0, self.source_cfg.head_dim, self.kv_head_repeats)
+            return dataclasses.replace(qw, qweight=repeat(shardings.qweight)(qw.qweight),
+                                       scale=repeat(shardings.scale)(qw.scale),
+                                       input_scale=None if qw.input_scale is None else
+                                       jax.device_put(qw.input_scale, shardings.input_scale))
+        return jax.device_put(qw, shardings)
 
     def abstract_params(self, dtype=jnp.float32) -> Any:
         """The sharded params as ``ShapeDtypeStruct``s with shardings (ahead-of-time compilation)."""

@@ -310,3 +310,44 @@ def test_rejects_bad_arguments(change, message):
     args.update(change)
     with pytest.raises(ValueError, match=message):
         ragged_paged_attention(**args)
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 KV cache (kv_cache_dtype="fp8"): e4m3 K/V, float q
+# ----------------------------------------------------------------------------------------------
+
+
+def _fp8_shapes(t, hq, hkv, d, n, mb, s, dtype):
+    q, cache, _, *rest = _shapes(t, hq, hkv, d, n, mb, s, dtype)
+    fp8 = jax.ShapeDtypeStruct(cache.shape, jnp.float8_e4m3fn)
+    return (q, fp8, fp8, *rest)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: d.__name__)
+def test_fp8_cache_matches_reference(dtype):
+    cfg = Config(8, 2, 64, num_kv_splits=2)
+    batch = Batch(q_lens=(1, 37, 0, 5), context_lens=(150, 20, 0, 0), seed=5)
+    kernel_inputs, reference_inputs = build_inputs(cfg, batch, dtype=dtype)
+    for inputs in (kernel_inputs, reference_inputs):
+        for name in ("k_cache", "v_cache"):
+            inputs[name] = jnp.asarray(inputs[name]).astype(jnp.float8_e4m3fn)
+    out = ragged_paged_attention(**kernel_inputs, **kernel_kwargs(cfg))
+    assert out.dtype == dtype
+    out, ref = run_both(cfg, kernel_inputs, reference_inputs)
+    assert np.isfinite(out).all()
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(out, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: d.__name__)
+def test_fp8_cache_cross_lowers_for_cuda(dtype):
+    _lower_for_cuda(_fp8_shapes(64, 8, 2, 128, 64, 32, 8, dtype), sm_scale=0.1, num_kv_splits=2)
+    _lower_for_cuda(_fp8_shapes(1, 32, 8, 128, 4096, 512, 1, dtype), sm_scale=0.1)
+
+
+def test_fp8_cache_needs_fp8_for_both_caches():
+    q = np.zeros((4, 4, 32), np.float32)
+    k = jnp.zeros((8, 16, 2, 32), jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match="share a dtype"):
+        ragged_paged_attention(q, k, np.zeros((8, 16, 2, 32), np.float32), np.zeros((2, 4), np.int32),
+                               np.array([0, 2, 4], np.int32), np.array([2, 2], np.int32), sm_scale=0.1)
