@@ -201,6 +201,25 @@ def test_suite_summary_embeds_the_spec_bench(tmp_path, capsys):
     assert gpu_suite.summarize(tmp_path, None, tmp_path / "missing.json")["spec"] is None
 
 
+def test_suite_summary_embeds_startup_moe_and_phase1(tmp_path, capsys):
+    startup = {"benchmark": "startup", "results": [{"config": "plain", "cache": "warm", "start_s": 41.5,
+                                                    "b1_first_over_last": 1.07, "b16_first_over_last": 0.98}]}
+    moe = {"benchmark": "moe", "model": "m", "summary": [{"batch_size": 1, "speedup": 2.5, "bytes_ratio": 3.0,
+                                                          "experts_per_layer": 2.0}]}
+    phase1 = {"benchmark": "phase1", "rows": [{"optimization": "moe", "measured": "b1 2.50x"},
+                                              {"optimization": "quantization", "measured": "skipped"}]}
+    for name, payload in (("startup", startup), ("moe", moe), ("phase1", phase1)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(payload))
+    embed = {name: tmp_path / f"{name}.json" for name in ("startup", "moe", "phase1", "tp")}  # tp: no file
+    s = gpu_suite.summarize(tmp_path, None, embed=embed)
+    assert s["embedded"]["moe"] == moe and s["embedded"]["tp"] is None
+    assert json.loads((tmp_path / "summary.json").read_text())["embedded"]["phase1"] == phase1
+    out = capsys.readouterr().out
+    assert "startup: plain/warm start 41.5 s, b1 first/last 1.07, b16 first/last 0.98" in out
+    assert "moe: b1 2.50x (bytes 3.00x, 2.0 experts/layer)" in out
+    assert "phase1: moe: b1 2.50x | quantization: skipped" in out and "tp: no result" in out
+
+
 def _abstract_h200():
     """jax >= 0.11 lowers Triton kernels without a GPU only for a named abstract device (0.10 needs none)."""
     import jax
