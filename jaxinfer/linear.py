@@ -7,6 +7,12 @@ measured CPU formulation elsewhere, so the model code never changes. Sharding do
 either: under ``jit`` with sharded weights XLA partitions the matmul (column- or row-parallel) from the
 weights' shardings (a quantized weight's scales are sharded with its output channels).
 
+On one CPU device the dense linear weights are stored K-major (``KMajorWeight``: ``[out, in]``, the
+contraction over the last axis of both operands): XLA:CPU's matrix-vector products read them faster
+(measured on this project's 2-core machine, the chain of a 134M Llama's weights at batch 1: 27.0 -> 23.0 ms;
+keeping ``[in, out]`` with a K-major device layout instead was 8x slower). ``k_major_linear_weights`` converts
+a params pytree once, at load.
+
 Not routed through here: the stacked routed-expert weights of an MoE layer (``jaxinfer.moe`` indexes one
 expert at a time or calls ``ragged_dot``: a grouped matmul, not a linear), and the tied LM head
 (``embed.T`` of the embedding table).
@@ -14,9 +20,30 @@ expert at a time or calls ``ragged_dot``: a grouped matmul, not a linear), and t
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 
-from jaxinfer.quantization import QuantizedWeight, quantized_linear
+from jaxinfer.quantization import LINEAR_WEIGHT_NAMES, QuantizedWeight, quantized_linear
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["t"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class KMajorWeight:
+    """A dense linear weight ``w [in, out]`` held transposed: ``t = w.T``, ``[out, in]``."""
+
+    t: Any
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.t.shape[1], self.t.shape[0]
+
+    @property
+    def dtype(self):
+        return self.t.dtype
 
 
 def linear(x, w, *, out_dtype=None):
@@ -24,6 +51,24 @@ def linear(x, w, *, out_dtype=None):
     (for a quantized ``w``: x's dtype)."""
     if isinstance(w, QuantizedWeight):
         return quantized_linear(x, w, out_dtype=out_dtype)
+    if isinstance(w, KMajorWeight):
+        return jax.lax.dot_general(x, w.t, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=out_dtype)
     if out_dtype is None:
         return x @ w
     return jnp.dot(x, w, preferred_element_type=out_dtype)
+
+
+def k_major_linear_weights(params: dict) -> dict:
+    """``params`` with every dense layer linear weight (``LINEAR_WEIGHT_NAMES``) and an untied LM head as
+    ``KMajorWeight`` (quantized weights, already ``[out, in]``, and everything else unchanged)."""
+    def convert(w):
+        if isinstance(w, jax.Array) and w.ndim == 2:
+            return KMajorWeight(jnp.asarray(w.T))  # a real copy: the transposed bytes, not a view
+        return w
+
+    out = dict(params)
+    out["layers"] = [{k: convert(v) if k in LINEAR_WEIGHT_NAMES else v for k, v in lp.items()}
+                     for lp in params["layers"]]
+    if "lm_head" in out:
+        out["lm_head"] = convert(out["lm_head"])
+    return out
