@@ -10,8 +10,10 @@ weights' shardings (a quantized weight's scales are sharded with its output chan
 On one CPU device the dense linear weights are stored K-major (``KMajorWeight``: ``[out, in]``, the
 contraction over the last axis of both operands): XLA:CPU's matrix-vector products read them faster
 (measured on this project's 2-core machine, the chain of a 134M Llama's weights at batch 1: 27.0 -> 23.0 ms;
-keeping ``[in, out]`` with a K-major device layout instead was 8x slower). ``k_major_linear_weights`` converts
-a params pytree once, at load.
+keeping ``[in, out]`` with a K-major device layout instead was 8x slower) — when they are large: the embedded
+default model's 256 x 256 and 256 x 768 weights ran slower K-major (decode at batch 4: 2.74 -> 3.48 ms), the
+134M model's 768-wide ones (>= 2.4 MB) faster, so only weights of at least ``K_MAJOR_MIN_BYTES`` convert.
+``k_major_linear_weights`` converts a params pytree once, at load.
 
 Not routed through here: the stacked routed-expert weights of an MoE layer (``jaxinfer.moe`` indexes one
 expert at a time or calls ``ragged_dot``: a grouped matmul, not a linear), and the tied LM head
@@ -28,6 +30,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.quantization import LINEAR_WEIGHT_NAMES, QuantizedWeight, quantized_linear
+
+K_MAJOR_MIN_BYTES = 1 << 20  # between the two measured sizes (768 KB: slower K-major; 2.4 MB: faster)
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["t"], meta_fields=[])
@@ -58,11 +62,14 @@ def linear(x, w, *, out_dtype=None):
     return jnp.dot(x, w, preferred_element_type=out_dtype)
 
 
-def k_major_linear_weights(params: dict) -> dict:
-    """``params`` with every dense layer linear weight (``LINEAR_WEIGHT_NAMES``) and an untied LM head as
-    ``KMajorWeight`` (quantized weights, already ``[out, in]``, and everything else unchanged)."""
+def k_major_linear_weights(params: dict, min_bytes: int | None = None) -> dict:
+    """``params`` with every dense layer linear weight (``LINEAR_WEIGHT_NAMES``) and an untied LM head of at
+    least ``min_bytes`` as ``KMajorWeight`` (quantized weights, already ``[out, in]``, smaller ones and
+    everything else unchanged); ``min_bytes`` defaults to ``K_MAJOR_MIN_BYTES``."""
+    min_bytes = K_MAJOR_MIN_BYTES if min_bytes is None else min_bytes
+
     def convert(w):
-        if isinstance(w, jax.Array) and w.ndim == 2:
+        if isinstance(w, jax.Array) and w.ndim == 2 and w.nbytes >= min_bytes:
             return KMajorWeight(jnp.asarray(w.T))  # a real copy: the transposed bytes, not a view
         return w
 

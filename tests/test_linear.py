@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxinfer.linear as linear_module
 from jaxinfer.linear import KMajorWeight, k_major_linear_weights, linear
 from jaxinfer.model_source import load_model
 from jaxinfer.quantization import LINEAR_WEIGHT_NAMES
@@ -28,16 +29,39 @@ def test_conversion_touches_only_dense_linear_weights():
     w = jnp.arange(6.0).reshape(2, 3)
     params = {"embed": jnp.ones((4, 2)), "lm_head": w, "final_norm": jnp.ones(2),
               "layers": [{"wq": w, "wo": w, "attn_norm": jnp.ones(2), "bq": jnp.ones(3)}]}
-    out = k_major_linear_weights(params)
+    assert k_major_linear_weights(params)["layers"][0]["wq"] is w  # below K_MAJOR_MIN_BYTES: unchanged
+    out = k_major_linear_weights(params, min_bytes=0)
     assert isinstance(out["lm_head"], KMajorWeight) and isinstance(out["layers"][0]["wq"], KMajorWeight)
     np.testing.assert_array_equal(out["layers"][0]["wo"].t, w.T)
     assert out["embed"] is params["embed"] and out["layers"][0]["bq"] is params["layers"][0]["bq"]
     assert out["layers"][0]["attn_norm"] is params["layers"][0]["attn_norm"] and params["lm_head"] is w
 
 
-def test_the_cpu_loader_stores_layer_weights_k_major():
-    cfg, params, *_ = load_model(None, jnp.float32)  # the embedded default model
+def test_the_cpu_loader_stores_large_layer_weights_k_major(monkeypatch):
+    _, params, *_ = load_model(None, jnp.float32)  # the embedded default model: every weight under 1 MiB
+    assert not any(isinstance(w, KMajorWeight) for lp in params["layers"] for w in lp.values())
+    monkeypatch.setattr(linear_module, "K_MAJOR_MIN_BYTES", 0)
+    _, params, *_ = load_model(None, jnp.float32)
     for lp in params["layers"]:
         for name in LINEAR_WEIGHT_NAMES:
             if name in lp:
                 assert isinstance(lp[name], KMajorWeight), name
+
+
+def test_engine_with_k_major_weights_generates_the_same_tokens(monkeypatch):
+    from jaxinfer import LLM, SamplingParams
+
+    prompts = [{"prompt_token_ids": [5, 17, 3, 99, 250]}, {"prompt_token_ids": list(range(40, 75))}]
+    params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=1)
+
+    def run():
+        llm = LLM(compilation="lazy", max_num_seqs=4, max_model_len=128, max_num_batched_tokens=64)
+        return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    plain = run()
+    monkeypatch.setattr(linear_module, "K_MAJOR_MIN_BYTES", 0)
+    k_major = run()
+    for a, b in zip(plain, k_major):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose([lp[t] for lp, t in zip(a.logprobs, a.token_ids)],
+                                   [lp[t] for lp, t in zip(b.logprobs, b.token_ids)], atol=1e-4)
