@@ -270,15 +270,21 @@ def save_params(
     with _checkpointer() as ckptr:
         ckptr.save(ckpt_dir, params)
         ckptr.wait_until_finished()
+    write_checkpoint_files(out_dir, cfg, copy_files_from, dtype=dtypes.pop())
+    return out_dir
+
+
+def write_checkpoint_files(out_dir: Path, cfg: ModelConfig, copy_files_from, **marker_fields) -> None:
+    """Beside the saved params: ``config.json``, the tokenizer / generation files copied from
+    ``copy_files_from`` (if given) and the format marker (with ``marker_fields``, e.g. the saved dtype)."""
     (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
     if copy_files_from is not None:
         for name in AUX_FILES:
             src = Path(copy_files_from) / name
             if src.is_file():
                 shutil.copyfile(src, out_dir / name)
-    marker = {"format": FORMAT_NAME, "version": 1, "dtype": dtypes.pop()}
+    marker = {"format": FORMAT_NAME, "version": 1, **marker_fields}
     (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
-    return out_dir
 
 
 def restore_params(ckpt_dir: str | Path, dtype: Any = None, shardings: Any = None) -> tuple[ModelConfig, Any]:

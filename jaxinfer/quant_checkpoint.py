@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config import ModelConfig
-from jaxinfer.loader import AUX_FILES, FORMAT_NAME, MARKER_FILE, PARAMS_SUBDIR, CheckpointError, is_orbax_dir
+from jaxinfer.loader import (MARKER_FILE, PARAMS_SUBDIR, CheckpointError, is_orbax_dir,
+                             write_checkpoint_files)
 from jaxinfer.quantization import QuantizedWeight, is_quantized, validate
 from pallas_kernels.quant_common import E4M3
 
@@ -71,14 +72,7 @@ def save_quantized_params(params: Any, out_dir: str | Path, cfg: ModelConfig, co
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(ckpt_dir, tree)
         ckptr.wait_until_finished()
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
-    if copy_files_from is not None:
-        for name in AUX_FILES:
-            src = Path(copy_files_from) / name
-            if src.is_file():
-                shutil.copyfile(src, out_dir / name)
-    marker = {"format": FORMAT_NAME, "version": 1, "dtype": dense.pop(), "quantization": quantized}
-    (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+    write_checkpoint_files(out_dir, cfg, copy_files_from, dtype=dense.pop(), quantization=quantized)
     return out_dir
 
 
