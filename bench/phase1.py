@@ -252,7 +252,7 @@ def add_arguments(p) -> None:
     p.add_argument("--only", nargs="+", choices=OPTIMIZATIONS, default=None, help="run only these rows")
     p.add_argument("--results-dir", default=None, help="keep each experiment's JSON here (default: a temp dir)")
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots into DIR")
-    p.add_argument("--time-budget-s", type=float, default=None,
+    p.add_argument("--time-budget-s", type=report.positive_float, default=None,
                    help="stop starting rows (and kill a running one) after this many seconds; the JSON is "
                         "rewritten after every row, so a killed run keeps what it measured")
     p.add_argument("--output", default=None, help="write the table as JSON here")

@@ -61,3 +61,10 @@ def test_time_budget_skips_and_kills_rows(tmp_path):
     assert skipped["measured"] == "skipped" and "budget" in skipped["reason"]
     killed = phase1.run_row(moe, "tiny", tmp_path, available={"moe"}, timeout_s=0.2)  # jax alone takes longer
     assert killed["measured"] == "timed out" and not (tmp_path / "moe.json").exists()
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "soon"])
+def test_time_budget_must_be_a_positive_number(bad, capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--tiny", "--time-budget-s", bad])
+    assert "--time-budget-s" in capsys.readouterr().err
