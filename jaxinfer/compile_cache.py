@@ -33,6 +33,8 @@ from typing import Any
 
 import jax
 
+from jaxinfer import cpu_ffi
+
 _PACKAGES = ("jaxinfer", "pallas_kernels", "sharding")
 _FORMAT = 1
 
@@ -78,7 +80,8 @@ def _environment() -> str:
     devices = jax.devices()
     return "|".join([f"format={_FORMAT}", jax.__version__, jaxlib.__version__, devices[0].platform,
                       devices[0].device_kind, str(len(devices)), str(jax.process_count()),
-                      os.environ.get("XLA_FLAGS", ""), source_fingerprint(), _host_fingerprint()])
+                      os.environ.get("XLA_FLAGS", ""), source_fingerprint(), _host_fingerprint(),
+                      f"cpu_kernels={cpu_ffi.fingerprint()}"])
 
 
 def execution_devices(args: Any) -> list:

@@ -50,7 +50,7 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
     ``quant``: a ``jaxinfer.quant_setup.QuantOptions`` (None: load as stored): pre-quantized checkpoints are
     read by its loaders, and its KV scales and quantize-on-load are applied before the params are placed.
     """
-    from jaxinfer import loader, moe, presets, quant_setup, weights
+    from jaxinfer import cpu_ffi, loader, moe, presets, quant_setup, weights
     from jaxinfer.linear import k_major_linear_weights
     from jaxinfer.tokenizer import load_tokenizer
 
@@ -86,6 +86,7 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
         if cfg.is_moe:
             params = moe.unstack_experts(params)
         params = k_major_linear_weights(params)  # XLA:CPU's gemv reads [out, in] faster (jaxinfer.linear)
+        cpu_ffi.available()  # build and register the C++ matvec kernel now: executables loaded from disk call it
     return cfg, params, tokenizer, source, None
 
 

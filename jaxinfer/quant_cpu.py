@@ -1,5 +1,10 @@
-"""Quantized matmuls on XLA:CPU: the formulation ``quantized_linear`` uses there, and the
-microbenchmark that chose it.
+"""Quantized matmuls on XLA:CPU: the formulations ``quantized_linear`` uses there, and the
+microbenchmark that chose them.
+
+Up to ``jaxinfer.cpu_ffi.MATVEC_MAX_ROWS`` activation rows (decode) a per-channel 8-bit weight goes to the C++
+matvec kernel (``jaxinfer.cpu_ffi``), which reads it in its stored width: int8 twice as fast as the float32
+weight through XLA at batch 1. Larger products (prefill, big batches) are compute-bound and use the XLA
+formulation below.
 
 XLA:CPU has no fast integer or mixed-precision gemv (FACTS.md): converting a whole 8-bit weight to
 float32 and then calling the dot materialises 4x the bytes (5-10x slower than the float32 weight
@@ -97,42 +102,53 @@ def _best_of(fn: Callable, args, repeats: int) -> float:
     return best
 
 
-def time_formulations(m: int = 1, k: int = 4096, n: int = 11008, layers: int = 6,
-                      repeats: int = 10, chunk_bytes: tuple[int, ...] = (1 << 20, 1 << 21, 1 << 22),
-                      seed: int = 0) -> list[dict]:
-    """Time a chain of ``layers`` distinct ``[M, K] x [K, N]`` matmuls per formulation.
+def time_formulations(rows: tuple[int, ...] = (1, 4, 8, 16), shapes: tuple[tuple[int, int], ...] | None = None,
+                      layers: int = 12, repeats: int = 10, seed: int = 0) -> list[dict]:
+    """Time a dependent chain of ``[M, K] x [K, N]`` products per formulation and row count ``M``.
 
-    A chain, because one matrix alone may sit in the last-level cache (this machine's L3 holds
-    hundreds of MB) and flatter the float32 baseline. Returns one dict per formulation with its
-    best time (ms), weight bytes read and the resulting GB/s. Run it on an idle machine::
+    ``shapes``: the (K, N) of one layer's weights, default the 134M Llama's (``llama-150m``: 4 x 768x768,
+    2 x 768x2048, 2048x768), repeated ``layers`` times: hundreds of MB, so the chain streams from memory
+    rather than the cache. Each product's input depends on the previous output (XLA cannot run them side by
+    side). Formulations: XLA's float32 dot (weight ``[N, K]``, as the engine stores it on a CPU), the C++
+    matvec kernel (``jaxinfer.cpu_ffi``) on float32 / int8 / e4m3 weights, and the chunked XLA dequantize
+    for int8 (this module). Run it on an idle machine::
 
         python -c "from jaxinfer.quant_cpu import time_formulations as t; [print(r) for r in t()]"
     """
+    from jaxinfer import cpu_ffi
+
+    shapes = shapes or ((768, 768),) * 4 + ((768, 2048),) * 2 + ((2048, 768),)
+    shapes = shapes * layers
     rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32))
-    dense = [jnp.asarray(rng.standard_normal((k, n), dtype=np.float32) * 0.02) for _ in range(layers)]
-    ints = [jnp.asarray(rng.integers(-127, 128, (n, k), dtype=np.int8)) for _ in range(layers)]
-    fp8 = [jnp.asarray(np.asarray(w.T).astype(E4M3)) for w in dense]
-    fp8_bits = [jnp.asarray(np.asarray(w).view(np.int8)) for w in fp8]
+    dense = [jnp.asarray(rng.standard_normal((n, k), dtype=np.float32) * 0.02) for k, n in shapes]
+    ints = [jnp.asarray(rng.integers(-127, 128, (n, k), dtype=np.int8)) for k, n in shapes]
+    scales = [jnp.asarray(rng.random(n, dtype=np.float32) * 0.01) for _, n in shapes]
+    bits = [jnp.asarray(rng.integers(-126, 127, (n, k), dtype=np.int8) & np.int8(0x77)) for k, n in shapes]
+    width = max(k for k, _ in shapes)
 
-    def chain(matmul):  # every output is used, so XLA cannot drop any chunk's work
-        return jax.jit(lambda x, ws: sum(jnp.sum(matmul(x, w)) for w in ws))
+    def chain(matmul):
+        def f(x, ws, ss):
+            total = jnp.float32(0)
+            for w, s in zip(ws, ss):
+                t = jnp.sum(matmul(x[:, :w.shape[1]], w, s))
+                total, x = total + t, x * (1 + 1e-12 * t)  # the next input depends on this output
+            return total
+        return jax.jit(f)
 
-    float32 = ("float32 x @ w", chain(lambda x, w: x @ w), dense, 4)
-    cases = [float32]
-    cases.append(("int8 dequantize whole, dot", chain(lambda x, w: dequant_matmul(x, w, "int8")),
-                  ints, 1))
-    for size in chunk_bytes:
-        for kind, weights in (("int8", ints), ("e4m3_bits", fp8_bits), ("e4m3", fp8)):
-            fn = chain(lambda x, w, kind=kind, size=size: chunked_dequant_matmul(
-                x, w, kind, chunk_bytes=size))
-            cases.append((f"{kind} chunked ({size >> 10} KiB chunks)", fn, weights, 1))
-    cases.append((float32[0] + " (again: drift = noise)",) + float32[1:])
+    cases = [("float32 XLA dot", chain(lambda x, w, s: jax.lax.dot_general(x, w, _DOT_NT)), dense, 4)]
+    if cpu_ffi.available():
+        cases += [("float32 kernel", chain(lambda x, w, s: cpu_ffi.matvec(x, w)), dense, 4),
+                  ("int8 kernel", chain(lambda x, w, s: cpu_ffi.matvec(x, w, s, "int8")), ints, 1),
+                  ("e4m3 kernel", chain(lambda x, w, s: cpu_ffi.matvec(x, w, s, "e4m3_bits")), bits, 1)]
+    cases.append(("int8 chunked XLA dequantize",
+                  chain(lambda x, w, s: chunked_dequant_matmul(x, w, "int8") * s), ints, 1))
     results = []
-    for name, fn, weights, itemsize in cases:
-        seconds = _best_of(fn, (x, weights), repeats)
-        weight_bytes = layers * k * n * itemsize
-        results.append(dict(formulation=name, m=m, k=k, n=n, layers=layers,
-                            ms=round(seconds * 1e3, 3), weight_mb=round(weight_bytes / 1e6, 1),
-                            gb_per_s=round(weight_bytes / seconds / 1e9, 1)))
+    for m in rows:
+        x = jnp.asarray(rng.standard_normal((m, width), dtype=np.float32))
+        for name, fn, weights, itemsize in cases:
+            seconds = _best_of(fn, (x, weights, scales), repeats)
+            weight_bytes = sum(k * n for k, n in shapes) * itemsize
+            results.append(dict(formulation=name, m=m, layers=layers, ms=round(seconds * 1e3, 3),
+                                weight_mb=round(weight_bytes / 1e6, 1),
+                                gb_per_s=round(weight_bytes / seconds / 1e9, 1)))
     return results

@@ -229,8 +229,12 @@ def _quantize_activations_like_kernels(x, qw: QuantizedWeight):
 
 
 def _linear_cpu(x, qw: QuantizedWeight):
+    from jaxinfer import cpu_ffi
+
     x = _quantize_activations_like_kernels(x, qw)
     kind = _weight_kind(qw)
+    if qw.method != "fp8_block" and kind != "e4m3" and cpu_ffi.use_matvec(x.shape[0], x.dtype, kind):
+        return cpu_ffi.matvec(x, qw.qweight, qw.scale, kind)
     if qw.method != "fp8_block":
         return quant_cpu.chunked_dequant_matmul(x, qw.qweight, kind) * qw.scale[None, :]
     return quant_cpu.chunked_dequant_matmul(x, qw.qweight, kind, block_scale=qw.scale,

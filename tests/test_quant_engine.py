@@ -134,6 +134,26 @@ def test_default_model_greedy_agreement():
         assert agree >= DEFAULT_MODEL_MIN_AGREEMENT[name]
 
 
+@pytest.mark.parametrize("method", ["int8", "fp8_w8a16"])
+def test_the_cpu_kernel_generates_the_tokens_of_the_xla_formulation(method, monkeypatch):
+    """Quantized linears by the C++ matvec kernel (jaxinfer.cpu_ffi) vs XLA's chunked dequantize: the same
+    dequantized weights, summed in another order: identical greedy tokens, logprobs within float rounding."""
+    prompts = random_prompts([9, 30], seed=12, vocab=4096)
+    params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=1)
+    engine = dict(ENGINE, max_model_len=128)
+
+    def run():
+        return [o.outputs[0] for o in LLM(quantization=method, **engine).generate(prompts, params, use_tqdm=False)]
+
+    kernel = run()
+    monkeypatch.setenv("JAXINFER_CPU_KERNELS", "0")
+    xla = run()
+    for a, b in zip(kernel, xla):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose([lp[t] for lp, t in zip(a.logprobs, a.token_ids)],
+                                   [lp[t] for lp, t in zip(b.logprobs, b.token_ids)], atol=2e-4)
+
+
 # ----------------------------------------------------------------------------------------------
 # FP8 KV cache: the pool, and attention against float K/V
 # ----------------------------------------------------------------------------------------------
