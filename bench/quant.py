@@ -43,6 +43,7 @@ from jaxinfer import quant_setup
 from jaxinfer.attention import get_attention_fn
 from jaxinfer.batch import single_sequence_batch
 from jaxinfer.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
+from jaxinfer.linear import k_major_linear_weights
 from jaxinfer.model import forward
 from jaxinfer.quantization import weight_bytes
 
@@ -108,6 +109,8 @@ def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[di
     platform = jax.default_backend()
     backend = "pallas" if platform == "gpu" else "xla"
     params = {n: quant_setup.apply(dense, cfg, VARIANTS[n], platform) for n in names}
+    if platform == "cpu":  # the layout the engine runs on a CPU: dense linears K-major (jaxinfer.linear)
+        params = {n: k_major_linear_weights(p) for n, p in params.items()}
     kv_dtypes = {n: quant_setup.kv_cache_dtype(VARIANTS[n], args.dtype, backend) for n in names}
     weights = {n: read_bytes(cfg, params[n]) for n in names}
     dense_params = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
@@ -252,7 +255,7 @@ def run(args) -> dict:
         from jaxinfer.quant_cpu import time_formulations
 
         # a chain larger than the last-level cache (a matrix alone may sit in it and flatter float32)
-        formulations = time_formulations(m=1, k=2048, n=8192, layers=6, repeats=5)
+        formulations = time_formulations(rows=(1, 16, 64, 512), layers=4, repeats=3)
     load_at_end = os.getloadavg()[0]
     by = {(s["method"], s["shape"]): s for s in summary}
     report.print_table(
@@ -270,9 +273,9 @@ def run(args) -> dict:
             (r.get("weight_bytes_read") or 0) / 1e6, "-", r.get("floor_fraction") or "-", "-", "-",
             r.get("greedy_identical_prefix_vs_jaxinfer") or "-", r.get("reason") or r["status"]] for r in llamacpp])
     if formulations:
-        report.print_table("CPU formulations of an 8-bit gemv chain (jaxinfer.quant_cpu.time_formulations)",
-                           ["formulation", "ms", "weights MB", "GB/s"],
-                           [[f["formulation"], f["ms"], f["weight_mb"], f["gb_per_s"]] for f in formulations])
+        report.print_table("CPU formulations of a chain of the 134M Llama's products (jaxinfer.quant_cpu.time_formulations)",
+                           ["formulation", "rows", "ms", "weights MB", "GB/s"],
+                           [[f["formulation"], f["m"], f["ms"], f["weight_mb"], f["gb_per_s"]] for f in formulations])
     payload = {"benchmark": "quant", "machine": {**hardware.machine_info(), "load_average_at_start": load_at_start,
                                                  "load_average_at_end": load_at_end},
                "model": source, "dtype": dtype.name, "context": args.context, "bandwidth": bw.to_json(),
