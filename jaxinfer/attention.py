@@ -9,7 +9,8 @@ only the keys some query needs, with loop bounds computed from the data (``lax.f
 bounds), so a block table padded to its full width costs nothing:
 
 * short query runs (decodes: one query; speculative verification: 1 + k) — ``_attend_short_queries``:
-  every sequence slot at once, the context visited in chunks of blocks;
+  every sequence slot at once, the context visited in chunks of blocks (on the CPU, the C++ kernel of
+  ``jaxinfer.cpu_ffi`` instead, which reads the blocks in place);
 * longer runs (prompts, prefill chunks) — ``_attend_query_blocks``: a work list of query blocks, each up to
   ``q_block`` consecutive queries of one sequence, against that sequence's keys in blocks of ``k_block``.
 
@@ -26,6 +27,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
+
+from jaxinfer import cpu_ffi
 
 BACKENDS = ("xla", "pallas")
 _FINITE_MIN = -1e30  # running-max start: finite, so a block with no valid key rescales by exp(0), never NaN
@@ -64,9 +67,13 @@ _DECODE_CHUNK_KEYS = 128  # and at most this many keys per sequence (the last ch
 
 
 def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens, kv_lens, *, width, sm_scale,
-                          sliding_window, chunk_bytes=_DECODE_CHUNK_BYTES, max_chunk_keys=_DECODE_CHUNK_KEYS):
+                          sliding_window, chunk_bytes=_DECODE_CHUNK_BYTES, max_chunk_keys=_DECODE_CHUNK_KEYS,
+                          cpu_kernel=None):
     """Attention of sequences with at most ``width`` queries each, the last at position kv_len - 1 (a slot
     with q_len 0 sees nothing): returns [S, width, Hq, D] (float32).
+
+    On the CPU (``cpu_kernel`` None: when ``cpu_ffi.use_paged_attention`` says so) the C++ kernel reads the
+    keys in place; otherwise the loop below.
 
     The context is visited once, in chunks of blocks, with an online softmax for all of a sequence's queries
     together, so the gathered K/V and the scores of one chunk stay small (gathering a whole long context at
@@ -81,6 +88,11 @@ def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens
     j = jnp.arange(width)
     q_valid = j[None, :] < q_lens[:, None]  # [S, W]
     q = q_TNH[jnp.clip(q_start[:, None] + j[None, :], 0, num_tokens - 1)]  # [S, W, Hq, D]
+    if cpu_kernel is None:
+        cpu_kernel = cpu_ffi.use_paged_attention(q.dtype, k_cache.dtype)
+    if cpu_kernel:
+        return cpu_ffi.paged_attention(q, k_cache, v_cache, block_tables, q_lens, kv_lens, sm_scale=sm_scale,
+                                       sliding_window=sliding_window)
     q = q.reshape(num_seqs, width, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
     q = q.reshape(num_seqs, num_kv_heads, rows, head_dim).astype(jnp.float32) * sm_scale
     q_pos = (kv_lens - q_lens)[:, None] + j[None, :]  # [S, W]
@@ -200,6 +212,7 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
 def xla_ragged_paged_attention(
     q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, query_width=None, sliding_window=None,
     decode_chunk_bytes=_DECODE_CHUNK_BYTES, prefill_q_block=_PREFILL_Q_BLOCK, prefill_k_block=_PREFILL_K_BLOCK,
+    cpu_kernel=None,
 ):
     """q_TNH [T, Hq, D]; caches [N, BS, Hkv, D]; block_tables [S, MB]; cu_q_lens [S+1]; kv_lens [S].
     Returns [T, Hq, D] (zeros for padding tokens).
@@ -207,6 +220,7 @@ def xla_ragged_paged_attention(
     ``query_width`` (static): W >= 1 promises that no sequence has more than W queries (decode: 1;
     verification of k drafts: 1 + k): one short-query loop serves every slot. None: any run lengths;
     single-query slots take the short-query loop, longer runs the query-block loop.
+    ``cpu_kernel``: whether short query runs go to the C++ kernel (None: on the CPU when it is available).
     """
     num_tokens = q_TNH.shape[0]
     num_seqs = kv_lens.shape[0]
@@ -215,7 +229,8 @@ def xla_ragged_paged_attention(
     s = jnp.clip(jnp.searchsorted(cu_q_lens, t, side="right") - 1, 0, num_seqs - 1)
     idx = t - cu_q_lens[s]
     real = t < cu_q_lens[-1]
-    short = dict(sm_scale=sm_scale, sliding_window=sliding_window, chunk_bytes=decode_chunk_bytes)
+    short = dict(sm_scale=sm_scale, sliding_window=sliding_window, chunk_bytes=decode_chunk_bytes,
+                 cpu_kernel=cpu_kernel)
     if query_width is not None:
         tile = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, cu_q_lens[:-1], q_lens, kv_lens,
                                      width=query_width, **short)

@@ -1,5 +1,6 @@
 """The XLA attention path against the kernel module's plain-jnp reference, on mixed prefill/decode batches,
-with block tables padded to their full width (as the engine lays them out)."""
+with block tables padded to their full width (as the engine lays them out). Short query runs are checked
+both ways: by the XLA loop and by the C++ kernel the CPU uses (``cpu_kernel``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 
 from jaxinfer.attention import num_query_blocks, xla_ragged_paged_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention_reference
+
+SHORT_QUERIES = pytest.mark.parametrize("cpu_kernel", [False, True], ids=["xla-loop", "cpu-kernel"])
 
 
 def _case(seed, q_lens, kv_extra, hq=4, hkv=2, d=16, bs=4, num_blocks=64, pad_seqs=2, pad_tokens=5, extra_cols=3):
@@ -48,19 +51,23 @@ CASES = [
 
 @pytest.mark.parametrize("window", [None, 6])
 @pytest.mark.parametrize("q_lens, kv_extra", CASES)
-def test_mixed_step_matches_reference(q_lens, kv_extra, window):
+@SHORT_QUERIES
+def test_mixed_step_matches_reference(q_lens, kv_extra, window, cpu_kernel):
     q, k, v, tables, cu, kv = _case(len(q_lens), q_lens, kv_extra)
-    got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, sm_scale=0.25, query_width=None, sliding_window=window,
+    got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, cpu_kernel=cpu_kernel,
+                                     sm_scale=0.25, query_width=None, sliding_window=window,
                                      prefill_q_block=16, prefill_k_block=8)
     _check(got, q, k, v, tables, cu, kv, window)
 
 
 @pytest.mark.parametrize("window", [None, 6])
 @pytest.mark.parametrize("q_lens, kv_extra", [c for c in CASES if max(c[0]) <= 12])
-def test_short_query_step_matches_reference(q_lens, kv_extra, window):
+@SHORT_QUERIES
+def test_short_query_step_matches_reference(q_lens, kv_extra, window, cpu_kernel):
     """A step whose runs are at most W queries (verification of W - 1 drafts) through the short-query loop."""
     q, k, v, tables, cu, kv = _case(len(q_lens), q_lens, kv_extra)
-    got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, sm_scale=0.25, query_width=max(q_lens) + 1,
+    got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, cpu_kernel=cpu_kernel,
+                                     sm_scale=0.25, query_width=max(q_lens) + 1,
                                      sliding_window=window)
     _check(got, q, k, v, tables, cu, kv, window)
 
@@ -108,7 +115,8 @@ def _poison(k, v, tables, skipped):
     ([1, 1, 1], [30, 41, 37], 1),  # decodes; kv_lens 31, 42, 38: 8, 11, 10 blocks of 4
     ([3, 5, 1], [28, 37, 37], 8),  # two sequences verifying drafts, one decode
 ])
-def test_short_query_chunks_no_query_needs_are_never_visited(window, q_lens, kv_extra, width):
+@SHORT_QUERIES
+def test_short_query_chunks_no_query_needs_are_never_visited(window, q_lens, kv_extra, width, cpu_kernel):
     """The table's full width past every context, and with a sliding window the blocks before every query's
     window: those chunks are never computed."""
     q, k, v, tables, cu, kv = _case(5, q_lens, kv_extra, num_blocks=64, pad_seqs=0, extra_cols=0)
@@ -119,13 +127,15 @@ def test_short_query_chunks_no_query_needs_are_never_visited(window, q_lens, kv_
         skipped = skipped | (block_start + 4 <= 20)
     k2, v2, wide = _poison(k, v, wide, skipped)
     one_block = 3 * 4 * 2 * 16 * 4  # bytes of one gathered block column: chunks of one block
-    got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, sm_scale=0.25, query_width=width,
+    got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, cpu_kernel=cpu_kernel,
+                                     sm_scale=0.25, query_width=width,
                                      sliding_window=window, decode_chunk_bytes=one_block)
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
-def test_a_slot_that_sees_nothing_does_not_widen_the_visited_range():
+@SHORT_QUERIES
+def test_a_slot_that_sees_nothing_does_not_widen_the_visited_range(cpu_kernel):
     """A draft row sitting a proposal round out has one query and kv_len 0: it sees no key, yields zeros,
     and does not pull the first visited chunk back to the start of the context."""
     q_lens, kv_extra = [1, 1, 1], [30, 41, 0]
@@ -134,7 +144,8 @@ def test_a_slot_that_sees_nothing_does_not_widen_the_visited_range():
     block_start = 4 * np.arange(tables.shape[1])[None, :]
     skipped = np.broadcast_to(block_start + 4 <= 31 - 9 + 1, tables.shape)  # before both live windows
     k2, v2, tables2 = _poison(k, v, tables, skipped)
-    got = xla_ragged_paged_attention(q, k2, v2, tables2, cu, kv, sm_scale=0.25, query_width=1, sliding_window=9,
+    got = xla_ragged_paged_attention(q, k2, v2, tables2, cu, kv, cpu_kernel=cpu_kernel,
+                                     sm_scale=0.25, query_width=1, sliding_window=9,
                                      decode_chunk_bytes=3 * 4 * 2 * 16 * 4)
     want = ragged_paged_attention_reference(q[:2], k, v, tables[:2], cu[:3], kv[:2], sm_scale=0.25, sliding_window=9)
     np.testing.assert_allclose(np.asarray(got)[:2], np.asarray(want), atol=1e-5, rtol=1e-5)
@@ -143,7 +154,8 @@ def test_a_slot_that_sees_nothing_does_not_widen_the_visited_range():
 
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("q_block, k_block", [(4, 8), (16, 4)])
-def test_query_blocks_never_visit_keys_no_query_of_the_block_sees(q_block, k_block, window):
+@SHORT_QUERIES
+def test_query_blocks_never_visit_keys_no_query_of_the_block_sees(q_block, k_block, window, cpu_kernel):
     """Keys past a block's last query (the causal half and the table's padding) and before its first query's
     window are never computed: blocks poisoned there leave the output exact."""
     q_lens, kv_extra = [13, 16, 1], [0, 21, 5]
@@ -154,7 +166,8 @@ def test_query_blocks_never_visit_keys_no_query_of_the_block_sees(q_block, k_blo
         keys = max(k_block, 4)  # and whole key blocks before the one holding key 15 are never visited
         skipped[1, : (21 - window + 1) // keys * keys // 4] = True
     k2, v2, wide = _poison(k, v, wide, skipped)
-    got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, sm_scale=0.25, sliding_window=window,
+    got = xla_ragged_paged_attention(q, k2, v2, wide, cu, kv, cpu_kernel=cpu_kernel,
+                                     sm_scale=0.25, sliding_window=window,
                                      prefill_q_block=q_block, prefill_k_block=k_block,
                                      decode_chunk_bytes=4 * 2 * 16 * 4)  # the decode slot: one-block chunks
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)

@@ -1,7 +1,10 @@
-"""The C++ matvec kernel (``jaxinfer.cpu_ffi``) against its plain-jnp reference on fuzzed shapes, its e4m3
-decoding on every byte, its errors, and where the engine's linears call it."""
+"""The C++ kernels (``jaxinfer.cpu_ffi``) against plain-jnp references on fuzzed shapes: the matvec (its e4m3
+decoding on every byte, its errors, where the engine's linears call it) and paged attention of short query
+runs (float32 and e4m3-byte caches, GQA, windows, padding; where the attention path calls it)."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +13,11 @@ import numpy as np
 import pytest
 
 from jaxinfer import cpu_ffi
+from jaxinfer.attention import xla_ragged_paged_attention
 from jaxinfer.cpu_ffi import build
 from jaxinfer.linear import KMajorWeight, linear
 from jaxinfer.quantization import quantize_weight, quantized_linear, with_cpu_storage
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention_reference
 
 
 def test_the_kernel_builds_here():
@@ -105,3 +110,97 @@ def test_switched_off_by_the_environment(monkeypatch):
     assert cpu_ffi.unavailable_reason() == f"{build.ENV_SWITCH}=0"
     w = KMajorWeight(jnp.ones((64, 32), jnp.float32))
     assert "jaxinfer_matvec" not in _targets(linear, jnp.ones((1, 32), jnp.float32), w)
+
+
+# ------------------------------------------------------------------ paged attention of short query runs
+def _paged_case(rng, *, q_lens, kv_lens, hq, hkv, d, bs, num_blocks, width, cache_kind):
+    """q [S, W, Hq, D], caches, a table padded past every context, and the same step as flat ragged inputs
+    for the plain-jnp reference (with float32 caches: e4m3 bytes decoded)."""
+    mb = max(-(-k // bs) for k in kv_lens) + 2
+    tables = np.zeros((len(q_lens), mb), np.int32)
+    perm, used = rng.permutation(np.arange(1, num_blocks)), 0
+    for i, k in enumerate(kv_lens):
+        n = -(-k // bs)
+        tables[i, :n] = perm[used: used + n]
+        used += n
+    if cache_kind == "f32":
+        k = rng.standard_normal((num_blocks, bs, hkv, d), dtype=np.float32)
+        v = rng.standard_normal((num_blocks, bs, hkv, d), dtype=np.float32)
+        k_ref, v_ref = k, v
+    else:
+        k, v = (rng.integers(-128, 128, (num_blocks, bs, hkv, d), dtype=np.int8) for _ in range(2))
+        for c in (k, v):
+            c[(c & 0x7F) >= 0x70] = 0x38  # e4m3 below 2^7, and no NaN: keeps softmax in a sane range
+        k_ref, v_ref = (c.view(ml_dtypes.float8_e4m3fn).astype(np.float32) for c in (k, v))
+    q = rng.standard_normal((len(q_lens), width, hq, d), dtype=np.float32) * 0.3
+    flat = np.concatenate([q[s, :n] for s, n in enumerate(q_lens)])
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return (q, k, v, tables, np.asarray(q_lens, np.int32), np.asarray(kv_lens, np.int32)), \
+        (flat, k_ref, v_ref, tables, cu, np.asarray(kv_lens, np.int32))
+
+
+@pytest.mark.parametrize("cache_kind", ["f32", "e4m3_bits"])
+@pytest.mark.parametrize("q_lens, kv_lens, hq, hkv, d, bs, width, window", [
+    ([1, 1, 1], [1, 40, 17], 4, 4, 16, 4, 1, None),  # decodes, one at the first position
+    ([1, 0, 1], [70, 0, 9], 6, 2, 20, 8, 1, 13),  # GQA, a padding slot, head size not a multiple of 8 / 16
+    ([3, 1, 4], [3, 33, 50], 8, 2, 64, 16, 4, None),  # verification runs of up to 4 queries
+    ([2, 4], [30, 29], 3, 1, 7, 4, 5, 6),  # multi-query attention, a window shorter than a block
+])
+def test_paged_attention_matches_the_reference(cache_kind, q_lens, kv_lens, hq, hkv, d, bs, width, window):
+    rng = np.random.default_rng(sum(kv_lens) * 31 + d)
+    args, ref_args = _paged_case(rng, q_lens=q_lens, kv_lens=kv_lens, hq=hq, hkv=hkv, d=d, bs=bs, num_blocks=40,
+                                 width=width, cache_kind=cache_kind)
+    got = np.asarray(jax.jit(functools.partial(cpu_ffi.paged_attention, sm_scale=0.3, sliding_window=window))(
+        *map(jnp.asarray, args)))
+    want = np.asarray(ragged_paged_attention_reference(*map(jnp.asarray, ref_args), sm_scale=0.3,
+                                                       sliding_window=window))
+    assert got.shape == args[0].shape and got.dtype == np.float32
+    tol = 2e-5 * max(1.0, float(np.abs(want).max()))  # float32 sums in another order
+    for s, n in enumerate(q_lens):
+        np.testing.assert_allclose(got[s, :n], want[sum(q_lens[:s]): sum(q_lens[:s]) + n], rtol=2e-5, atol=tol)
+        np.testing.assert_array_equal(got[s, n:], 0.0)  # padding queries
+
+
+def test_paged_attention_threads_agree_with_one_call_per_sequence():
+    rng = np.random.default_rng(3)
+    args, _ = _paged_case(rng, q_lens=[1] * 9, kv_lens=list(range(5, 95, 10)), hq=4, hkv=2, d=32, bs=8,
+                          num_blocks=200, width=1, cache_kind="f32")
+    q, k, v, tables, q_lens, kv_lens = map(jnp.asarray, args)
+    whole = cpu_ffi.paged_attention(q, k, v, tables, q_lens, kv_lens, sm_scale=0.2)
+    for s in range(9):
+        one = cpu_ffi.paged_attention(q[s:s + 1], k, v, tables[s:s + 1], q_lens[s:s + 1], kv_lens[s:s + 1],
+                                      sm_scale=0.2)
+        np.testing.assert_array_equal(whole[s], one[0])
+
+
+def test_paged_attention_bad_inputs_are_value_errors():
+    q, k = jnp.ones((2, 1, 4, 8), jnp.float32), jnp.ones((5, 4, 2, 8), jnp.float32)
+    t, lens = jnp.zeros((2, 3), jnp.int32), jnp.ones(2, jnp.int32)
+    call = functools.partial(cpu_ffi.paged_attention, sm_scale=1.0)
+    with pytest.raises(ValueError, match="head size"):
+        call(q, jnp.ones((5, 4, 2, 16)), jnp.ones((5, 4, 2, 16)), t, lens, lens)
+    with pytest.raises(ValueError, match="head size or head groups"):
+        call(jnp.ones((2, 1, 3, 8), jnp.float32), k, k, t, lens, lens)
+    with pytest.raises(ValueError, match="match q's S"):
+        call(q, k, k, t[:1], lens, lens)
+    with pytest.raises(ValueError, match="float32"):
+        call(q, k.astype(jnp.bfloat16), k.astype(jnp.bfloat16), t, lens, lens)
+    with pytest.raises(ValueError, match="sliding_window"):
+        call(q, k, k, t, lens, lens, sliding_window=0)
+
+
+def test_cpu_attention_uses_the_kernel_for_short_query_runs_only(monkeypatch):
+    q, k = jnp.ones((6, 4, 8), jnp.float32), jnp.ones((9, 4, 2, 8), jnp.float32)
+    tables, cu, kv = jnp.ones((3, 2), jnp.int32), jnp.asarray([0, 1, 2, 3], jnp.int32), jnp.full(3, 5, jnp.int32)
+
+    def text(width):
+        fn = functools.partial(xla_ragged_paged_attention, sm_scale=1.0, query_width=width)
+        return _targets(fn, q, k, k, tables, cu, kv)
+
+    assert "jaxinfer_paged_attention_f32" in text(1)  # decode: the kernel
+    assert "jaxinfer_paged_attention_f32" in text(None)  # a mixed step's single queries too (runs: XLA's loop)
+    assert "jaxinfer_paged_attention_e4m3" in _targets(
+        functools.partial(xla_ragged_paged_attention, sm_scale=1.0, query_width=1), q, k.astype(jnp.int8),
+        k.astype(jnp.int8), tables, cu, kv)
+    monkeypatch.setenv(build.ENV_SWITCH, "0")
+    assert "jaxinfer_paged_attention" not in text(1)

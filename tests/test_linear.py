@@ -72,7 +72,7 @@ def test_engine_with_k_major_weights_generates_the_same_tokens(monkeypatch):
     monkeypatch.setattr(linear_module, "K_MAJOR_MIN_BYTES", 0)
     k_major = run()  # XLA's dots on [out, in] weights
     monkeypatch.delenv("JAXINFER_CPU_KERNELS")
-    kernel = run()  # decode steps' products by the C++ matvec kernel (jaxinfer.cpu_ffi)
+    kernel = run()  # decode steps by the C++ kernels (jaxinfer.cpu_ffi): products and attention
     for other in (k_major, kernel):
         for a, b in zip(plain, other):
             assert a.token_ids == b.token_ids

@@ -1,19 +1,23 @@
-"""C++ kernels for XLA:CPU, called through ``jax.ffi``: the small-batch matrix products of decode.
+"""C++ kernels for XLA:CPU, called through ``jax.ffi``: the small-batch matrix products of decode, and
+paged attention of short query runs.
 
 XLA:CPU has no integer or mixed-precision matrix-vector product (an 8-bit weight is widened to float32 in
 memory first, which costs more than reading the float32 weight) and its float32 one trails the memory
 bandwidth on decode shapes (``jaxinfer.quant_cpu``, ../shared/FACTS.md). ``matvec.cc`` streams each weight
 once in its stored width; ``jaxinfer.linear`` and ``jaxinfer.quantization`` call it on one CPU device for
 up to ``MATVEC_MAX_ROWS`` activation rows (decode steps); larger products stay with XLA.
+``paged_attention.cc`` computes decode and verification attention straight from the paged cache
+(``jaxinfer.attention`` calls it on the CPU); prompts keep the XLA loop.
 
-The source is compiled on first use with the machine's C++ compiler (``c++`` or ``$CXX``, ``-O3
+The sources are compiled on first use with the machine's C++ compiler (``c++`` or ``$CXX``, ``-O3
 -march=native``) into ``~/.cache/jaxinfer/cpu_ffi/<hash>/`` and its handlers registered with XLA
 (``build.available``). Without a compiler, or with ``JAXINFER_CPU_KERNELS=0``, ``available()`` is False and every
 caller keeps its XLA formulation: same results, slower.
 """
 
+from jaxinfer.cpu_ffi.attention import paged_attention, use_paged_attention
 from jaxinfer.cpu_ffi.build import available, fingerprint, unavailable_reason
 from jaxinfer.cpu_ffi.ops import MATVEC_MAX_ROWS, matvec, matvec_reference, use_matvec
 
 __all__ = ["available", "fingerprint", "unavailable_reason", "MATVEC_MAX_ROWS", "matvec",
-           "matvec_reference", "use_matvec"]
+           "matvec_reference", "use_matvec", "paged_attention", "use_paged_attention"]

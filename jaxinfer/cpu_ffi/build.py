@@ -1,7 +1,8 @@
-"""Compile ``matvec.cc`` once per machine and register its handlers with XLA:CPU.
+"""Compile the C++ kernels (``matvec.cc``, ``paged_attention.cc``) once per machine into one shared library and
+register their handlers with XLA:CPU.
 
-The shared library lives in ``$JAXINFER_CACHE_DIR/cpu_ffi/<hash>/`` (default ``~/.cache/jaxinfer``), the hash
-covering the source, the compiler command, jaxlib's version and the CPU (``-march=native`` code runs only
+The library lives in ``$JAXINFER_CACHE_DIR/cpu_ffi/<hash>/`` (default ``~/.cache/jaxinfer``), the hash
+covering the sources, the compiler command, jaxlib's version and the CPU (``-march=native`` code runs only
 where it was built), so a change to any of them builds afresh; concurrent processes each build into a
 temporary name and rename it into place. ``JAXINFER_CPU_KERNELS=0`` turns the kernels off.
 """
@@ -21,8 +22,11 @@ from pathlib import Path
 
 import jax
 
-SOURCE = Path(__file__).with_name("matvec.cc")
-TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "matvec.cc", HERE / "paged_attention.cc")
+HEADERS = (HERE / "kernel_common.h",)
+TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3", "jaxinfer_paged_attention_f32",
+           "jaxinfer_paged_attention_e4m3")
 ENV_SWITCH = "JAXINFER_CPU_KERNELS"
 
 
@@ -35,7 +39,7 @@ def _compiler() -> str | None:
 
 def _command(compiler: str, output: Path) -> list[str]:
     return [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-DNDEBUG",
-            "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", str(output)]
+            "-isystem", jax.ffi.include_dir(), *map(str, SOURCES), "-o", str(output)]
 
 
 def _cpu_flags() -> str:
@@ -63,7 +67,8 @@ def _build() -> tuple[Path | None, str]:
     if compiler is None:
         return None, "no C++ compiler found (set CXX, or install g++ / clang++)"
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(_command(compiler, Path("x"))).encode(), jaxlib.__version__.encode(),
+    sources = [p.read_bytes() for p in SOURCES + HEADERS]
+    for part in (*sources, " ".join(_command(compiler, Path("x"))).encode(), jaxlib.__version__.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):
         h.update(part)
         h.update(b"\0")
@@ -77,10 +82,10 @@ def _build() -> tuple[Path | None, str]:
     try:
         done = subprocess.run(_command(compiler, partial), capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            return None, f"compiling {SOURCE.name} failed:\n{done.stderr[-2000:]}"
+            return None, f"compiling {', '.join(p.name for p in SOURCES)} failed:\n{done.stderr[-2000:]}"
         os.replace(partial, library)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"compiling {SOURCE.name} failed: {e}"
+        return None, f"compiling {', '.join(p.name for p in SOURCES)} failed: {e}"
     finally:
         partial.unlink(missing_ok=True)
     return library, ""
@@ -134,3 +139,10 @@ def fingerprint() -> str:
     if jax.default_backend() != "cpu" or not available():
         return "off"
     return _build()[0].parent.name
+
+
+def require() -> None:
+    """Build and register the kernels now if needed; RuntimeError saying why if they cannot be used."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"the C++ CPU kernels are unavailable: {reason}")

@@ -10,105 +10,12 @@
 // widened in registers, never in memory), blocks of activation rows share every weight vector loaded, and
 // the rows of N are split into chunks that the caller and XLA's intra-op threads take from a shared counter.
 // Accumulation is float32. e4m3 NaN (0x7F/0xFF) is not decoded as NaN (saturating quantizers never write it).
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <memory>
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
+#include "kernel_common.h"
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;  // float32 lanes of one vector register
-#else
-constexpr int kLanes = 8;
-#endif
 constexpr int kWideRows = kLanes == 16 ? 4 : 2;  // weight rows per 4-row activation tile (registers allow)
 constexpr int64_t kRowBlock = 64;  // activation rows per pass over the weight (their floats stay in L2)
-typedef float f32v __attribute__((vector_size(4 * kLanes), aligned(4)));
-typedef int32_t i32v __attribute__((vector_size(4 * kLanes), aligned(4)));
-typedef int8_t i8v __attribute__((vector_size(kLanes), aligned(1)));
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-inline i32v widen_bytes(const int8_t* p) {  // kLanes signed bytes -> kLanes int32
-#if defined(__AVX512F__)
-  return (i32v)_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#elif defined(__AVX2__)
-  return (i32v)_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-#else
-  return __builtin_convertvector(*reinterpret_cast<const i8v*>(p), i32v);
-#endif
-}
-
-inline float e4m3_to_float(int8_t byte) {
-  const int32_t b = byte, mag = b & 0x7F;
-  float v;
-  if (mag < 8) {
-    v = static_cast<float>(mag) * (1.0f / 512.0f);  // subnormal: m * 2^-9
-  } else {
-    const int32_t bits = (mag << 20) + (120 << 23);  // exponent e - 7 + 127, mantissa m << 20
-    __builtin_memcpy(&v, &bits, 4);
-  }
-  return (b & 0x80) ? -v : v;
-}
-
-// How each weight format turns 8 stored elements into 8 floats.
-struct F32 {
-  using T = float;
-  static f32v load(const float* p) { return *reinterpret_cast<const f32v*>(p); }
-  static float one(float v) { return v; }
-};
-struct Int8 {
-  using T = int8_t;
-  static f32v load(const int8_t* p) { return __builtin_convertvector(widen_bytes(p), f32v); }
-  static float one(int8_t v) { return static_cast<float>(v); }
-};
-struct E4M3 {
-  using T = int8_t;
-  static f32v load(const int8_t* p) {
-    const i32v b = widen_bytes(p);
-    const i32v mag = b & 0x7F;
-    const i32v normal_bits = (mag << 20) + (120 << 23);
-    f32v normal;
-    __builtin_memcpy(&normal, &normal_bits, sizeof normal);
-    const f32v subnormal = __builtin_convertvector(mag, f32v) * (1.0f / 512.0f);
-    f32v v = mag < 8 ? subnormal : normal;
-    i32v bits;
-    __builtin_memcpy(&bits, &v, sizeof bits);
-    bits |= (b & 0x80) << 24;
-    __builtin_memcpy(&v, &bits, sizeof v);
-    return v;
-  }
-  static float one(int8_t v) { return e4m3_to_float(v); }
-};
-
-inline float lane_sum(f32v v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps((__m512)v);
-#elif defined(__AVX2__)
-  const __m256 a = (__m256)v;
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-#else
-  float s = 0.f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
-#endif
-}
 
 // y[m0 + i, n0 + r] for i < MB, r < R: MB activation rows share every weight vector loaded for R rows.
 template <class Fmt, int MB, int R>
@@ -169,36 +76,6 @@ void matvec_rows(const float* x, const typename Fmt::T* w, const float* scale, f
     for (; n + 4 <= n1; n += 4) tile<Fmt, 1, 4>(x, w, scale, y, K, N, m, n);
     for (; n < n1; ++n) tile<Fmt, 1, 1>(x, w, scale, y, K, N, m, n);
   }
-}
-
-// Runs body(n0, n1) over [0, N) in chunks of `rows` on the caller and XLA's intra-op threads. A chunk is
-// taken from a shared counter, so helpers that start late (or never) leave their share to the caller; the
-// caller returns once every chunk is finished, and a helper starting after that finds no chunk and returns.
-template <class Body>
-void parallel_rows(ffi::ThreadPool& pool, int64_t N, int64_t rows, Body body) {
-  const int64_t chunks = (N + rows - 1) / rows;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks) - 1;
-  if (helpers <= 0) {
-    body(0, N);
-    return;
-  }
-  struct Progress {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> finished{0};
-  };
-  auto progress = std::make_shared<Progress>();
-  auto work = [progress, chunks, rows, N, body]() {
-    for (int64_t c; (c = progress->next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-      body(c * rows, std::min(N, (c + 1) * rows));
-      progress->finished.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t i = 0; i < helpers; ++i) {
-    auto task = work;
-    pool.Schedule(std::move(task));
-  }
-  work();
-  while (progress->finished.load(std::memory_order_acquire) < chunks) cpu_relax();
 }
 
 // Rows per chunk: a multiple of 4, at least 16, about 8 chunks per thread.

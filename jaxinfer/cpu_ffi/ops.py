@@ -43,6 +43,7 @@ def _check(x, w, scale, kind):
 def matvec(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, kind: str = "f32") -> jax.Array:
     """``x [M, K] @ decode(w [N, K]).T * scale`` -> float32 ``[M, N]``, by the C++ kernel (fast for small M)."""
     _check(x, w, scale, kind)
+    build.require()
     target = {"f32": "jaxinfer_matvec_f32", "int8": "jaxinfer_matvec_int8", "e4m3_bits": "jaxinfer_matvec_e4m3"}
     call = jax.ffi.ffi_call(target[kind], jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
     return call(x, w) if scale is None else call(x, w, scale.astype(jnp.float32))
