@@ -3,6 +3,7 @@
 Runners (``--baselines`` picks the ones besides jaxinfer; default per platform, see ``DEFAULT_BASELINES``):
 
 - ``jaxinfer``: ``LLM(...)`` in float32, prefix cache off (no baseline has one), shape plan compiled at start.
+- ``jaxinfer-multistep``: the same with ``num_scheduler_steps=8`` (multi-step decoding, ``jaxinfer.multistep``).
 - ``hf-eager``: HF transformers ``generate``, eager PyTorch (``bench.hf_baselines``).
 - ``hf-compile``: the same with a static KV cache and the decode step through ``torch.compile``.
 - ``llama.cpp-f32`` / ``llama.cpp-q8_0``: llama.cpp via llama-cpp-python on GGUF files written by
@@ -47,13 +48,14 @@ DEFAULT_CACHE = Path.home() / ".cache" / "jaxinfer" / "llama-150m-hf"
 REFERENCE = "jaxinfer"
 RUNNERS = {  # name -> (class as "module:Class", settings it adds)
     REFERENCE: ("bench.compare:JaxinferRunner", {}),
+    "jaxinfer-multistep": ("bench.compare:JaxinferRunner", {"num_scheduler_steps": 8}),
     "hf-eager": ("bench.hf_baselines:HFEagerRunner", {}),
     "hf-compile": ("bench.hf_baselines:HFCompileRunner", {}),
     "llama.cpp-f32": ("bench.llamacpp:LlamaCppRunner", {"outtype": "f32"}),
     "llama.cpp-q8_0": ("bench.llamacpp:LlamaCppRunner", {"outtype": "q8_0"}),
 }
 BASELINES = tuple(name for name in RUNNERS if name != REFERENCE)
-DEFAULT_BASELINES = {"cpu": BASELINES, "gpu": ("hf-eager", "hf-compile")}
+DEFAULT_BASELINES = {"cpu": BASELINES, "gpu": ("jaxinfer-multistep", "hf-eager", "hf-compile")}
 _VERSIONED = ("jax", "jaxlib", "torch", "transformers", "llama-cpp-python", "gguf", "numpy")
 
 
@@ -90,7 +92,8 @@ class JaxinferRunner:
         self._sampling_params = SamplingParams
         self.llm = LLM(model=checkpoint, dtype="float32", max_model_len=settings["max_model_len"],
                        max_num_seqs=settings["max_num_seqs"], enable_prefix_caching=False,
-                       compilation=settings.get("compilation", "eager"))
+                       compilation=settings.get("compilation", "eager"),
+                       num_scheduler_steps=settings.get("num_scheduler_steps", 1))
 
     def generate(self, prompts: np.ndarray, n: int, logprobs: bool) -> dict:
         sp = self._sampling_params(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=0 if logprobs else None)
@@ -113,6 +116,7 @@ class JaxinferRunner:
         report_ = engine.warm_up_report
         return {"jax_machine": hardware.machine_info(), "num_params": cfg.num_params, "dtype": "float32",
                 "compilation": engine.config.compilation, "start_s": report_.seconds if report_ else None,
+                "num_scheduler_steps": engine.config.num_scheduler_steps,
                 "decode_bytes": {"weights": (cfg.num_params - embed) * 4,
                                  "kv_per_token": 2 * cfg.num_layers * cfg.kv_size * 4}}
 

@@ -3,8 +3,9 @@
 For each batch size B: B requests with random prompts of ``--input-len`` tokens are prefilled, then every
 decode step (one token per sequence) is timed end to end through ``LLMEngine.step`` (scheduling, packing,
 the jitted step, sampling, host transfer). This runs twice per batch size, the first time right after the
-engine starts (no warm-up: the shape plan was compiled in ``LLM(...)``) and again; TPOT is the median step
-time, of each run; the floor is the bytes a decode
+engine starts (no warm-up: the shape plan was compiled in ``LLM(...)``) and again; TPOT is the median over
+steps of the step's time per token it gave each sequence (one, or up to ``--num-scheduler-steps`` with
+multi-step decoding), of each run; the floor is the bytes a decode
 step must read (weights + KV) divided by the bandwidth measured in the same run; the ratio floor/TPOT is
 the fraction of the memory bandwidth the engine achieves.
 """
@@ -32,19 +33,26 @@ def run_batch(llm: LLM, batch_size: int, input_len: int, output_len: int, seed: 
     while engine.stats()["num_waiting"] or any(s.num_output_tokens == 0 for s in engine.scheduler.running):
         engine.step()
     prefill_s = time.perf_counter() - t0
-    step_times = []
+    per_token, steps = [], 0
+    seen = {s.request_id: s.num_output_tokens for s in engine.scheduler.running}
     while engine.has_unfinished_requests():
         t = time.perf_counter()
-        engine.step()
-        step_times.append(time.perf_counter() - t)
-    tpot = statistics.median(step_times)
-    return {"batch_size": batch_size, "prefill_s": prefill_s, "tpot_s": tpot, "decode_steps": len(step_times),
+        outputs = engine.step()
+        seconds = time.perf_counter() - t
+        counts = {o.request_id: len(o.outputs[0].token_ids) for o in outputs}
+        tokens = max((n - seen.get(rid, 0) for rid, n in counts.items()), default=1)  # per sequence this step
+        seen.update(counts)
+        per_token.append(seconds / max(tokens, 1))
+        steps += 1
+    tpot = statistics.median(per_token)
+    return {"batch_size": batch_size, "prefill_s": prefill_s, "tpot_s": tpot, "decode_steps": steps,
             "tok_per_s": batch_size / tpot}
 
 
 def run(args) -> dict:
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.input_len + args.output_len + 16,
-              max_num_seqs=max(args.batch_sizes), attention_backend=args.attention_backend)
+              max_num_seqs=max(args.batch_sizes), attention_backend=args.attention_backend,
+              num_scheduler_steps=args.num_scheduler_steps)
     engine = llm.llm_engine
     cfg = engine.model_config
     start_s = engine.warm_up_report.seconds if engine.warm_up_report else None
@@ -63,12 +71,13 @@ def run(args) -> dict:
     report.print_table(
         f"decode latency — {engine.model_source} ({cfg.num_params / 1e6:.1f}M params, {np.dtype(engine.dtype).name}); "
         f"bandwidth {bw.bytes_per_s / 1e9:.1f} GB/s ({bw.probe}); engine start {start_s or 0:.1f} s; "
-        f"compilations after start: {compiles}",
+        f"compilations after start: {compiles}; num_scheduler_steps {args.num_scheduler_steps}",
         ["batch", "first TPOT ms", "TPOT ms", "tok/s", "floor ms", "floor/TPOT"], rows)
     payload = {"benchmark": "latency", "machine": hardware.machine_info(), "model": engine.model_source,
                "num_params": cfg.num_params, "dtype": np.dtype(engine.dtype).name, "input_len": args.input_len,
                "output_len": args.output_len, "bandwidth": bw.to_json(), "start_s": start_s,
-               "compilations_after_start": compiles, "results": results}
+               "compilations_after_start": compiles, "num_scheduler_steps": args.num_scheduler_steps,
+               "results": results}
     report.write_json(args.output, payload)
     return payload
 
@@ -80,4 +89,6 @@ def add_arguments(p) -> None:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--num-scheduler-steps", type=report.positive_int, default=1,
+                   help="decode steps per engine step (LLM(num_scheduler_steps=...), multi-step decoding)")
     p.add_argument("--output", default=None, help="write the results as JSON here")

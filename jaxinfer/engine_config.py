@@ -40,6 +40,9 @@ class EngineConfig:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3 K/V with per-layer scales
     speculative_config: dict[str, Any] | None = None
+    # decode steps per engine step when every scheduled sequence decodes (jaxinfer.multistep): > 1 runs them
+    # in one compiled call, the host checking stop conditions once per call (tokens arrive in bursts)
+    num_scheduler_steps: int = 1
     seed: int = 0
 
     def __post_init__(self):
@@ -71,6 +74,14 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if not isinstance(self.num_scheduler_steps, int) or isinstance(self.num_scheduler_steps, bool) \
+                or self.num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be a positive int, got {self.num_scheduler_steps!r}")
+        if self.num_scheduler_steps > 1 and self.speculative_config is not None:
+            raise ValueError("num_scheduler_steps > 1 cannot be combined with speculative decoding (speculation "
+                             "already emits several tokens per step)")
+        if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
+            raise NotImplementedError("num_scheduler_steps > 1 with tensor_parallel_size > 1 is not supported yet")
         if self.speculative_config is not None:
             from jaxinfer.spec_config import SpeculativeConfig
 

@@ -115,7 +115,7 @@ class LLMEngine:
                                    eos_token_ids=self.eos_token_ids, banned_width=self.banned_width, cache=self._cache)
         draft_model = spec is not None and spec.method == "draft_model"
         self.runner = ModelRunner(
-            cfg, params, plan=self._plan("all"), name="target",
+            cfg, params, plan=self._plan("all"), name="target", num_scheduler_steps=config.num_scheduler_steps,
             draft_q_shape=(spec.num_speculative_tokens, self._plan("all").seq_buckets[-1]) if draft_model else None,
             **self._runner_kwargs,
         )
@@ -372,8 +372,12 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        draft_q = self.proposer.q_for if isinstance(self.proposer, DraftProposer) else None
-        emitted = self.runner.execute(plan.scheduled, draft_q_for=draft_q)
+        num_steps = self._multistep_count(plan.scheduled)
+        if num_steps > 1:
+            emitted = self.runner.execute_multistep(plan.scheduled, num_steps)
+        else:
+            draft_q = self.proposer.q_for if isinstance(self.proposer, DraftProposer) else None
+            emitted = self.runner.execute(plan.scheduled, draft_q_for=draft_q)
         self.num_steps += 1
         now = time.monotonic()
         touched: dict[str, _Request] = {}
@@ -424,6 +428,27 @@ class LLMEngine:
                 self._requests.pop(req.request_id, None)
             outputs.append(self._make_output(req))
         return outputs
+
+    def _multistep_count(self, scheduled: list) -> int:
+        """How many decode steps to run in one call (``num_scheduler_steps``; 1: a single step): several only
+        when the host has nothing to do in between — every sequence decodes one known token, has no
+        penalties (they read the output history) and no min_tokens bans left to lift — at most as many as the
+        longest remaining ``max_tokens`` and the closest ``max_model_len`` allow, with blocks for them all."""
+        n = self.config.num_scheduler_steps
+        if n <= 1:
+            return 1
+        remaining = 1
+        for s in scheduled:
+            q, p = s.seq, s.seq.params
+            if not s.samples or s.num_new_tokens != 1 or s.num_spec_tokens or p.has_penalties \
+                    or q.num_output_tokens < p.min_tokens:
+                return 1
+            n = min(n, self.max_model_len - q.num_tokens + 1)
+            remaining = max(remaining, n if p.max_tokens is None else p.max_tokens - q.num_output_tokens)
+        n = min(n, remaining)
+        if n > 1 and all(self.block_manager.grow(s.seq, s.seq.num_tokens + n - 1) for s in scheduled):
+            return n
+        return 1
 
     def _propose(self) -> int:
         """Propose draft tokens for the running sequences that decode next step; returns how many."""

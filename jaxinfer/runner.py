@@ -5,7 +5,10 @@ model). ``execute(plan)`` packs the scheduler's plan into one of the planned ste
 ``jaxinfer.shape_plan``), runs the step with the cache donated, then chooses the next tokens — sampling,
 or verifying speculative tokens — in one more compiled call, and returns them to the host.
 
-Every executable is keyed (``("step", StepShape)``, ``("tokens", rows, SamplerVariant)``, ...) and held by
+``execute_multistep`` runs several decode steps of a decode-only batch in one call (``jaxinfer.multistep``).
+
+Every executable is keyed (``("step", StepShape)``, ``("tokens", rows, SamplerVariant)``, ``("multistep",
+StepShape, SamplerVariant)``, ...) and held by
 ``jaxinfer.executables.Executables``, which compiles the whole plan at start (``plan_keys``) or on first use.
 """
 
@@ -29,6 +32,7 @@ from jaxinfer.kv_cache import allocate_kv_cache
 from jaxinfer.model import forward
 from jaxinfer.moe import moe_block
 from jaxinfer.multihost import Channel, host_values, unpack_arrays
+from jaxinfer.multistep import make_multistep_fn
 from jaxinfer.scheduler import ScheduledSeq
 from jaxinfer.shape_plan import SamplerVariant, ShapePlan, StepShape
 
@@ -147,11 +151,13 @@ class ModelRunner:
         cache: ExecutableCache | None = None,
         name: str = "target",
         sharding=None,
+        num_scheduler_steps: int = 1,
     ):
         """``plan``: this runner's step shapes. ``banned_width``: columns of the banned-ids matrix (EOS and
         stop ids until min_tokens). ``draft_q_shape``: (k, rows) of the draft model's distributions the
         verifier reads (draft-model speculation), else None. ``sharding``: a ``sharding.ShardingPlan`` (tensor /
-        expert parallelism; ``cfg`` must be its ``cfg``), or None for one device."""
+        expert parallelism; ``cfg`` must be its ``cfg``), or None for one device. ``num_scheduler_steps`` > 1
+        plans multi-step decode executables of up to that many steps (``jaxinfer.multistep``; one device)."""
         self.cfg = cfg
         self.plan = plan
         self.eos_token_ids = tuple(eos_token_ids)
@@ -171,7 +177,11 @@ class ModelRunner:
         # host arrays fed to a sharded executable are placed replicated, like its compiled inputs
         self._replicated = sharding.replicated if sharding is not None else None
         self.step_fn = make_step_fn(cfg, attention_backend, interpret, sharding)
-        self._builders = {"step": self._step_entry, "tokens": self._tokens_entry}
+        self._builders = {"step": self._step_entry, "tokens": self._tokens_entry, "multistep": self._multistep_entry}
+        if num_scheduler_steps > 1 and (sharding is not None or plan.query_width is not None):
+            raise ValueError("multi-step decoding runs on one device without speculation")
+        self.num_scheduler_steps = num_scheduler_steps
+        self.multistep_fn = make_multistep_fn(self.step_fn, choose_tokens, block_size)
         self.executables = Executables(self._build, cache, name=name)
         self.channel = Channel()  # multi-process runs: process 0 publishes every device call (else no-op)
         self._keys: list | None = None  # plan_keys(), indexed by the channel
@@ -233,6 +243,22 @@ class ModelRunner:
 
         return Entry(choose_tokens, args, statics, f"{self.cfg.vocab_size}|{self.draft_q_shape}", run_once)
 
+    def _multistep_entry(self, key) -> Entry:
+        _, shape, variant = key
+        args = (abstract(self.params), abstract(self.kv_cache), abstract_batch(shape, self.max_blocks_per_seq),
+                self.sampling_arrays(shape.num_logits, variant), jax.ShapeDtypeStruct((), jnp.int32))
+        statics = {"max_steps": self.num_scheduler_steps, "greedy": variant.greedy,
+                   "num_logprobs": variant.num_logprobs, "penalties": variant.penalties}
+
+        def run_once(compiled):  # two iterations of single-query slots (padding writes go to the null block)
+            batch = exercise_batch(dataclasses.replace(shape, query_width=1), self.max_blocks_per_seq)
+            md = zeros_like_abstract(args[3])
+            _, self.kv_cache = compiled(self.params, self.kv_cache, batch, md, np.int32(2))
+
+        worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
+        return Entry(self.multistep_fn, args, statics, self._description + "|multistep",
+                     run_once if worth_running else None)
+
     def sampler_variants(self) -> list[SamplerVariant]:
         return [SamplerVariant(True, 0, False), SamplerVariant(False, self.max_logprobs, True)]
 
@@ -242,7 +268,13 @@ class ModelRunner:
         keys = [("step", s) for s in self.plan.step_shapes()]
         if samples:
             keys += [("tokens", r, v) for r in self.plan.logits_rows() for v in self.sampler_variants()]
+        if samples and self.num_scheduler_steps > 1:
+            keys += [("multistep", s, v) for s in self.decode_shapes() for v in self.sampler_variants()]
         return keys
+
+    def decode_shapes(self) -> list[StepShape]:
+        """The shapes decode-only batches of 1 .. max_num_seqs sequences are packed into."""
+        return sorted({self.plan.shape_for([1] * n, n) for n in range(1, self.plan.max_num_seqs + 1)})
 
     def key_index(self, key) -> int:
         if self._keys is None:
@@ -385,4 +417,26 @@ class ModelRunner:
             n = s.seq.params.logprobs or 0
             top = {int(top_ids[i, m]): float(top_lps[i, m]) for m in range(n)}
             emitted.append(SampledToken(int(tokens[i]), float(logprobs[i]), top))
+        return result
+
+    def execute_multistep(self, scheduled: list[ScheduledSeq], num_steps: int) -> dict[int, list[SampledToken]]:
+        """Run ``num_steps`` (<= num_scheduler_steps) decode steps of a decode-only batch in one call: every
+        sequence's ``num_steps`` chosen tokens (by seq_id). Each sequence must own blocks for its next
+        ``num_steps - 1`` positions too."""
+        items = [WorkItem(s.seq.block_ids, s.seq.num_computed_tokens, [s.seq.token_ids[-1]], 1) for s in scheduled]
+        shape = self.plan.shape_for([1] * len(items), len(items))
+        batch, _ = pack(items, self.block_size, shape, self.max_blocks_per_seq)
+        rows = [(s.seq, s.seq.num_output_tokens) for s in scheduled]  # row r is item r's
+        variant = choose_variant([s.seq.params for s in scheduled], self.max_logprobs)
+        md = self.build_sampling_metadata(rows, shape.num_logits, variant)
+        out, self.kv_cache = self.executables.get(("multistep", shape, variant))(
+            self.params, self.kv_cache, batch, md, np.int32(num_steps))
+        tokens, logprobs, top_ids, top_lps = host_values(out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs)
+        result: dict[int, list[SampledToken]] = {}
+        for r, s in enumerate(scheduled):
+            n = s.seq.params.logprobs or 0
+            result[s.seq.seq_id] = [
+                SampledToken(int(tokens[i, r]), float(logprobs[i, r]),
+                             {int(top_ids[i, r, m]): float(top_lps[i, r, m]) for m in range(n)})
+                for i in range(num_steps)]
         return result

@@ -197,7 +197,8 @@ def tiny_compare(tiny_llama, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("compare_run")
     llama = ["llama.cpp-f32", "llama.cpp-q8_0"] if importlib.util.find_spec("llama_cpp") else []
-    args = _parse(["--model", str(tiny_llama), "--baselines", "hf-eager", *llama, "--batch-sizes", "1", "3",
+    args = _parse(["--model", str(tiny_llama), "--baselines", "hf-eager", "jaxinfer-multistep", *llama,
+                   "--batch-sizes", "1", "3",
                    "--input-len", "5", "--output-len", "6", "--repeats", "1", "--compilation", "lazy",
                    "--llamacpp-cache-dir", str(tmp / "llamacpp"), "--output", str(tmp / "compare.json")])
     payload = compare.run(args)
@@ -223,6 +224,10 @@ def test_compare_jaxinfer_and_hf_end_to_end(tiny_compare, tiny_llama):
         assert r["logprob_drift"]["positions"] == 6 * b and r["logprob_drift"]["max_abs"] < 1e-4
     # the warm-up used the timed calls' own flags: nothing compiled while timing, even with lazy compilation
     assert rows["jaxinfer", 1]["stats_change_during_timed_rounds"] == {"compilations_after_start": 0}
+    for b in (1, 3):  # multi-step decoding: the same tokens as single steps
+        r = rows["jaxinfer-multistep", b]
+        assert r["status"] == "ok" and r["machine"]["runner"]["num_scheduler_steps"] == 8
+        assert r["greedy_sequences_identical"] == 1.0 and r["logprob_drift"]["max_abs"] < 1e-5
 
 
 def test_compare_llama_cpp_batch_one(tiny_compare):

@@ -1,5 +1,6 @@
 """Greedy output is identical with every engine feature on or off: prefix cache cold/warm, chunked
-prefill with a tiny budget, preemption in a tiny KV pool, static batching, aborts. No block leaks."""
+prefill with a tiny budget, preemption in a tiny KV pool (also with multi-step decoding), static batching,
+aborts. No block leaks."""
 
 from __future__ import annotations
 
@@ -67,6 +68,15 @@ def test_preemption_in_a_tiny_pool(hf_checkpoints, reference):
     # 6 prompts of up to ~68 tokens at the end need ~25 blocks together; 9 usable blocks force preemption.
     llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=80, num_kv_blocks=10,
               max_num_batched_tokens=32)
+    assert _run(llm, _shared_prefix_prompts()) == reference
+    assert llm.llm_engine.stats()["num_preemptions"] > 0
+    _no_leak(llm)
+
+
+def test_multi_step_decoding_with_preemption_and_prefix_cache(hf_checkpoints, reference):
+    # bursts of 4 decode steps (jaxinfer.multistep) in the tiny pool: their extra blocks make preemption likelier
+    llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=80, num_kv_blocks=10,
+              max_num_batched_tokens=32, num_scheduler_steps=4)
     assert _run(llm, _shared_prefix_prompts()) == reference
     assert llm.llm_engine.stats()["num_preemptions"] > 0
     _no_leak(llm)
