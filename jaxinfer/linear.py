@@ -13,9 +13,10 @@ contraction over the last axis of both operands): XLA:CPU's matrix-vector produc
 keeping ``[in, out]`` with a K-major device layout instead was 8x slower) — when they are large: the embedded
 default model's 256 x 256 and 256 x 768 weights ran slower K-major (decode at batch 4: 2.74 -> 3.48 ms), the
 134M model's 768-wide ones (>= 2.4 MB) faster, so only weights of at least ``K_MAJOR_MIN_BYTES`` convert.
-``k_major_linear_weights`` converts a params pytree once, at load. Decode-sized products (up to
-``jaxinfer.cpu_ffi.MATVEC_MAX_ROWS`` rows, float32) with a K-major weight go to the C++ matvec kernel
-(``jaxinfer.cpu_ffi``): 1.28x XLA's dot over the 134M Llama's weights at batch 1.
+``k_major_linear_weights`` converts a params pytree once, at load. Float32 products with a K-major weight go
+to the C++ kernels (``jaxinfer.cpu_ffi.product``) where they are faster than XLA's dot: decode-sized ones
+(up to ``MATVEC_MAX_ROWS``) to the matvec kernel (1.3x XLA's dot over the 134M Llama's weights at batch 1),
+prefill-sized ones (from ``GEMM_MIN_ROWS``) to the gemm kernel.
 
 Not routed through here: the stacked routed-expert weights of an MoE layer (``jaxinfer.moe`` indexes one
 expert at a time or calls ``ragged_dot``: a grouped matmul, not a linear), and the tied LM head
@@ -61,8 +62,10 @@ def linear(x, w, *, out_dtype=None):
         return quantized_linear(x, w, out_dtype=out_dtype)
     if isinstance(w, KMajorWeight):
         rows = math.prod(x.shape[:-1])
-        if out_dtype in (None, jnp.float32) and cpu_ffi.use_matvec(rows, x.dtype) and w.dtype == jnp.float32:
-            return cpu_ffi.matvec(x.reshape(rows, x.shape[-1]), w.t).reshape(*x.shape[:-1], w.t.shape[0])
+        if out_dtype in (None, jnp.float32) and w.dtype == jnp.float32:
+            y = cpu_ffi.product(x.reshape(rows, x.shape[-1]), w.t)
+            if y is not None:
+                return y.reshape(*x.shape[:-1], w.t.shape[0])
         return jax.lax.dot_general(x, w.t, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=out_dtype)
     if out_dtype is None:
         return x @ w

@@ -1,10 +1,12 @@
 """Quantized matmuls on XLA:CPU: the formulations ``quantized_linear`` uses there, and the
 microbenchmark that chose them.
 
-Up to ``jaxinfer.cpu_ffi.MATVEC_MAX_ROWS`` activation rows (decode) a per-channel 8-bit weight goes to the C++
-matvec kernel (``jaxinfer.cpu_ffi``), which reads it in its stored width: int8 twice as fast as the float32
-weight through XLA at batch 1. Larger products (prefill, big batches) are compute-bound and use the XLA
-formulation below.
+A per-channel 8-bit weight goes to the C++ kernels (``jaxinfer.cpu_ffi.product``): up to
+``MATVEC_MAX_ROWS`` activation rows (decode) the matvec kernel, which reads it in its stored width (int8 about
+three times as fast as the float32 weight through XLA at batch 1); larger products (prefill, big batches) the
+gemm kernel, which widens each weight once per call and is bound by arithmetic like a float32 product. The
+XLA formulation below remains for block-wise fp8 weights, float8-typed ones, and machines without a C++
+compiler.
 
 XLA:CPU has no fast integer or mixed-precision gemv (FACTS.md): converting a whole 8-bit weight to
 float32 and then calling the dot materialises 4x the bytes (5-10x slower than the float32 weight
@@ -139,7 +141,10 @@ def time_formulations(rows: tuple[int, ...] = (1, 4, 8, 16), shapes: tuple[tuple
     if cpu_ffi.available():
         cases += [("float32 kernel", chain(lambda x, w, s: cpu_ffi.matvec(x, w)), dense, 4),
                   ("int8 kernel", chain(lambda x, w, s: cpu_ffi.matvec(x, w, s, "int8")), ints, 1),
-                  ("e4m3 kernel", chain(lambda x, w, s: cpu_ffi.matvec(x, w, s, "e4m3_bits")), bits, 1)]
+                  ("e4m3 kernel", chain(lambda x, w, s: cpu_ffi.matvec(x, w, s, "e4m3_bits")), bits, 1),
+                  ("float32 gemm kernel", chain(lambda x, w, s: cpu_ffi.gemm(x, w)), dense, 4),
+                  ("int8 gemm kernel", chain(lambda x, w, s: cpu_ffi.gemm(x, w, s, "int8")), ints, 1),
+                  ("e4m3 gemm kernel", chain(lambda x, w, s: cpu_ffi.gemm(x, w, s, "e4m3_bits")), bits, 1)]
     cases.append(("int8 chunked XLA dequantize",
                   chain(lambda x, w, s: chunked_dequant_matmul(x, w, "int8") * s), ints, 1))
     results = []

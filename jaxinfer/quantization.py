@@ -233,8 +233,10 @@ def _linear_cpu(x, qw: QuantizedWeight):
 
     x = _quantize_activations_like_kernels(x, qw)
     kind = _weight_kind(qw)
-    if qw.method != "fp8_block" and kind != "e4m3" and cpu_ffi.use_matvec(x.shape[0], x.dtype, kind):
-        return cpu_ffi.matvec(x, qw.qweight, qw.scale, kind)
+    if qw.method != "fp8_block" and kind != "e4m3":
+        y = cpu_ffi.product(x, qw.qweight, qw.scale, kind)
+        if y is not None:
+            return y
     if qw.method != "fp8_block":
         return quant_cpu.chunked_dequant_matmul(x, qw.qweight, kind) * qw.scale[None, :]
     return quant_cpu.chunked_dequant_matmul(x, qw.qweight, kind, block_scale=qw.scale,

@@ -38,17 +38,20 @@ def _weight(rng, n, k, kind):
 
 
 SHAPES = [(1, 1, 1), (1, 7, 3), (2, 37, 129), (3, 100, 203), (4, 256, 64), (5, 9, 17), (7, 768, 33),
-          (8, 64, 1000), (9, 130, 70), (16, 33, 5), (33, 40, 41), (70, 24, 130)]
+          (8, 64, 1000), (9, 130, 70), (16, 33, 5), (33, 40, 41), (70, 24, 130),
+          (100, 300, 50), (129, 600, 97)]  # the gemm kernel's K passes (256) and row blocks (32) cut anywhere
 
 
+@pytest.mark.parametrize("algorithm", ["matvec", "gemm"])
 @pytest.mark.parametrize("kind", cpu_ffi.ops.KINDS)
 @pytest.mark.parametrize("m,k,n", SHAPES)
-def test_matvec_matches_the_reference(kind, m, k, n):
+def test_products_match_the_reference(algorithm, kind, m, k, n):
     rng = np.random.default_rng(m * 10007 + k * 101 + n)
     x = rng.standard_normal((m, k), dtype=np.float32)
     x[m // 2] = 0.0  # an all-zero activation row
     w, scale = _weight(rng, n, k, kind)
-    got = jax.jit(cpu_ffi.matvec, static_argnames="kind")(jnp.asarray(x), w, scale, kind=kind)
+    fn = getattr(cpu_ffi, algorithm)
+    got = jax.jit(fn, static_argnames="kind")(jnp.asarray(x), w, scale, kind=kind)
     want = cpu_ffi.matvec_reference(jnp.asarray(x), w, scale, kind)
     assert got.shape == (m, n) and got.dtype == jnp.float32
     tol = 1e-5 * float(jnp.max(jnp.abs(want))) * np.sqrt(k) + 1e-30
@@ -64,13 +67,15 @@ def test_e4m3_decoding_of_every_byte_is_exact():
     np.testing.assert_array_equal(np.asarray(got)[0], want)
 
 
-def test_many_rows_split_across_threads_agree_with_one_call_per_row():
+@pytest.mark.parametrize("algorithm, m", [("matvec", 3), ("gemm", 40)])
+def test_many_rows_split_across_threads_agree_with_one_call_per_row(algorithm, m):
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((3, 300), dtype=np.float32))
+    x = jnp.asarray(rng.standard_normal((m, 300), dtype=np.float32))
     w, scale = _weight(rng, 5003, 300, "int8")
-    whole = cpu_ffi.matvec(x, w, scale, "int8")
+    fn = getattr(cpu_ffi, algorithm)
+    whole = fn(x, w, scale, "int8")
     for lo, hi in ((0, 1000), (1000, 4096), (4096, 5003)):
-        np.testing.assert_array_equal(whole[:, lo:hi], cpu_ffi.matvec(x, w[lo:hi], scale[lo:hi], "int8"))
+        np.testing.assert_array_equal(whole[:, lo:hi], fn(x, w[lo:hi], scale[lo:hi], "int8"))
 
 
 def test_bad_inputs_are_value_errors():
@@ -91,17 +96,20 @@ def _targets(fn, *args) -> str:
     return jax.jit(fn).lower(*args).as_text()
 
 
-def test_linear_calls_the_kernel_for_decode_sized_products_only():
+def test_linear_calls_each_kernel_where_it_is_the_faster():
     w = KMajorWeight(jnp.ones((64, 32), jnp.float32))
-    small, big = jnp.ones((2, 4, 32), jnp.float32), jnp.ones((3, 32, 32), jnp.float32)
-    assert "jaxinfer_matvec_f32" in _targets(linear, small, w)  # 8 rows: the kernel
-    assert "jaxinfer_matvec_f32" not in _targets(linear, big, w)  # 96 rows: XLA's dot
-    np.testing.assert_allclose(linear(small, w), np.full((2, 4, 64), 32.0))
+    x = {rows: jnp.ones((rows, 32), jnp.float32) for rows in (8, 16, 32, 96)}
+    assert "jaxinfer_matvec_f32" in _targets(linear, x[16], w)  # decode sizes: the matvec kernel
+    plain = _targets(linear, x[32], w)
+    assert "jaxinfer_matvec" not in plain and "jaxinfer_gemm" not in plain  # XLA's dot in between
+    assert "jaxinfer_gemm_f32" in _targets(linear, x[96], w)  # prefill sizes: the gemm kernel
+    np.testing.assert_allclose(linear(x[96].reshape(3, 32, 32), w), np.full((3, 32, 64), 32.0))
     qw = with_cpu_storage(quantize_weight(jnp.ones((32, 64), jnp.float32), "int8"))
-    assert "jaxinfer_matvec_int8" in _targets(lambda x: quantized_linear(x, qw, implementation="cpu"), big)
+    int8 = lambda x: quantized_linear(x, qw, implementation="cpu")  # noqa: E731
+    assert "jaxinfer_matvec_int8" in _targets(int8, x[32]) and "jaxinfer_gemm_int8" in _targets(int8, x[96])
     fw = with_cpu_storage(quantize_weight(jnp.ones((32, 64), jnp.float32), "fp8_w8a16"))
-    assert "jaxinfer_matvec_e4m3" in _targets(lambda x: quantized_linear(x, fw, implementation="cpu"), small)
-    assert "jaxinfer_matvec_e4m3" not in _targets(lambda x: quantized_linear(x, fw, implementation="cpu"), big)
+    e4m3 = lambda x: quantized_linear(x, fw, implementation="cpu")  # noqa: E731
+    assert "jaxinfer_matvec_e4m3" in _targets(e4m3, x[8]) and "jaxinfer_gemm_e4m3" in _targets(e4m3, x[32])
 
 
 def test_switched_off_by_the_environment(monkeypatch):

@@ -1,4 +1,4 @@
-"""Compile the C++ kernels (``matvec.cc``, ``paged_attention.cc``) once per machine into one shared library and
+"""Compile the C++ kernels (``matvec.cc``, ``gemm.cc``, ``paged_attention.cc``) once per machine into one shared library and
 register their handlers with XLA:CPU.
 
 The library lives in ``$JAXINFER_CACHE_DIR/cpu_ffi/<hash>/`` (default ``~/.cache/jaxinfer``), the hash
@@ -23,10 +23,10 @@ from pathlib import Path
 import jax
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "matvec.cc", HERE / "paged_attention.cc")
+SOURCES = (HERE / "matvec.cc", HERE / "gemm.cc", HERE / "paged_attention.cc")
 HEADERS = (HERE / "kernel_common.h",)
-TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3", "jaxinfer_paged_attention_f32",
-           "jaxinfer_paged_attention_e4m3")
+TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3", "jaxinfer_gemm_f32",
+           "jaxinfer_gemm_int8", "jaxinfer_gemm_e4m3", "jaxinfer_paged_attention_f32", "jaxinfer_paged_attention_e4m3")
 ENV_SWITCH = "JAXINFER_CPU_KERNELS"
 
 

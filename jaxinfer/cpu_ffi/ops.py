@@ -1,5 +1,5 @@
-"""The JAX-facing side of the C++ CPU kernel: ``matvec`` as a ``jax.ffi`` call, its plain-jnp reference,
-and when the engine uses it.
+"""The JAX-facing side of the C++ matrix-product kernels: ``matvec`` and ``gemm`` as ``jax.ffi`` calls, their
+plain-jnp reference, and which one the engine uses for how many rows (``kernel_for``, ``product``).
 
 Weight kinds: "f32" (float32 ``[N, K]``), "int8" (int8 ``[N, K]`` with a float32 scale per output channel)
 and "e4m3_bits" (float8_e4m3fn bit patterns typed int8, the fp8 weights' CPU storage, with the same scales).
@@ -12,20 +12,29 @@ import jax.numpy as jnp
 
 from jaxinfer.cpu_ffi import build
 
-# The most activation rows (decode batch, or tokens of a step) the kernel takes, per weight kind. Measured
-# on the 2-core Xeon (AVX-512) with the 134M Llama's weights (``jaxinfer.quant_cpu.time_formulations``, a
-# dependent chain of its products), against XLA's float32 dot: the float32 kernel is 1.3x at 1 row, 2x at 4,
-# 1.1x at 16 and slower from 32 rows; the int8 kernel 3.1x at 1 row, 1.7x at 16, 1.0x at 64, 1.1x at 256 and
-# 0.91x at 512 (the best int8 formulation found at every size: XLA's chunked dequantize is 0.81x there); the
-# e4m3 kernel (more decode arithmetic) 1.4x at 16 and 0.75x from 64, where XLA's chunked dequantize ties it.
-MATVEC_MAX_ROWS = {"f32": 8, "int8": float("inf"), "e4m3_bits": 16}
+# Which C++ kernel takes a product of M activation rows, per weight kind: the matvec kernel up to
+# MATVEC_MAX_ROWS, the gemm kernel from GEMM_MIN_ROWS, XLA's own dot in between (float32 only). Measured on
+# the 2-core Xeon (AVX-512) over a dependent chain of the 134M Llama's products (4 layers,
+# ``jaxinfer.quant_cpu.time_formulations``), in ms at M = 1 / 16 / 32 / 64 / 128 / 512:
+#   float32  XLA dot 4.8 / 11.4 / 13.3 / 18.6 / 46.1 / 123.6; matvec 3.3 / 9.6 / 13.8 / 22.1; gemm 20.1 at 64,
+#            32.2 at 128, 118.2 at 512
+#   int8     matvec 1.7 / 5.3 / 9.4 / 18.4 / 33.9 / 126.6; gemm 10.2 at 32, 16.2 at 64, 28.6 at 128, 113.7 at 512
+#   e4m3     matvec 2.2 / 7.7 / 13.5 / 25.1; gemm 10.3 at 16, 10.3 at 32, 15.7 at 64, 29.1 at 128, 115.8 at 512
+# (the matvec kernel streams the weight: best while reading it dominates; the gemm kernel widens it to float32
+# once and is bound by arithmetic).
+MATVEC_MAX_ROWS = {"f32": 16, "int8": 32, "e4m3_bits": 16}
+GEMM_MIN_ROWS = {"f32": 65, "int8": 33, "e4m3_bits": 17}
 KINDS = tuple(MATVEC_MAX_ROWS)
 
 
-def use_matvec(rows: int, x_dtype, kind: str = "f32") -> bool:
-    """Whether ``rows`` activation rows of ``x_dtype`` go to the kernel for a ``kind`` weight (building it
-    the first time)."""
-    return rows <= MATVEC_MAX_ROWS[kind] and jnp.dtype(x_dtype) == jnp.float32 and build.available()
+def kernel_for(rows: int, x_dtype, kind: str = "f32") -> str | None:
+    """"matvec", "gemm" or None (XLA) for a product of ``rows`` activation rows of ``x_dtype`` with a ``kind``
+    weight (building the kernels the first time)."""
+    if jnp.dtype(x_dtype) != jnp.float32 or not build.available():
+        return None
+    if rows <= MATVEC_MAX_ROWS[kind]:
+        return "matvec"
+    return "gemm" if rows >= GEMM_MIN_ROWS[kind] else None
 
 
 def _check(x, w, scale, kind):
@@ -40,13 +49,31 @@ def _check(x, w, scale, kind):
         raise ValueError(f"kind {kind!r} takes {'no scale' if kind == 'f32' else f'a scale [{w.shape[0]}]'}")
 
 
-def matvec(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, kind: str = "f32") -> jax.Array:
-    """``x [M, K] @ decode(w [N, K]).T * scale`` -> float32 ``[M, N]``, by the C++ kernel (fast for small M)."""
+def _call(algorithm: str, x, w, scale, kind):
     _check(x, w, scale, kind)
     build.require()
-    target = {"f32": "jaxinfer_matvec_f32", "int8": "jaxinfer_matvec_int8", "e4m3_bits": "jaxinfer_matvec_e4m3"}
-    call = jax.ffi.ffi_call(target[kind], jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
+    target = f"jaxinfer_{algorithm}_{'e4m3' if kind == 'e4m3_bits' else kind}"
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
     return call(x, w) if scale is None else call(x, w, scale.astype(jnp.float32))
+
+
+def product(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, kind: str = "f32") -> jax.Array | None:
+    """``x [M, K] @ decode(w [N, K]).T * scale`` by the kernel ``kernel_for`` picks, or None where XLA's dot is
+    the faster formulation."""
+    algorithm = kernel_for(x.shape[0], x.dtype, kind)
+    return None if algorithm is None else _call(algorithm, x, w, scale, kind)
+
+
+def matvec(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, kind: str = "f32") -> jax.Array:
+    """``x [M, K] @ decode(w [N, K]).T * scale`` -> float32 ``[M, N]``, by the C++ matvec kernel: each weight
+    row's dot products with up to 8 activation rows at a time (fast for small M: it streams the weight)."""
+    return _call("matvec", x, w, scale, kind)
+
+
+def gemm(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, kind: str = "f32") -> jax.Array:
+    """The same product by the C++ gemm kernel: register tiles of outer products over panels of the weight
+    widened to float32 once (fast for large M: arithmetic-bound)."""
+    return _call("gemm", x, w, scale, kind)
 
 
 def decode_reference(w: jax.Array, kind: str) -> jax.Array:
