@@ -43,6 +43,7 @@ from jaxinfer import quant_setup
 from jaxinfer.attention import get_attention_fn
 from jaxinfer.batch import single_sequence_batch
 from jaxinfer.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
+from jaxinfer import host_allocator
 from jaxinfer.linear import k_major_linear_weights
 from jaxinfer.model import forward
 from jaxinfer.quantization import weight_bytes
@@ -109,8 +110,9 @@ def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[di
     platform = jax.default_backend()
     backend = "pallas" if platform == "gpu" else "xla"
     params = {n: quant_setup.apply(dense, cfg, VARIANTS[n], platform) for n in names}
-    if platform == "cpu":  # the layout the engine runs on a CPU: dense linears K-major (jaxinfer.linear)
+    if platform == "cpu":  # the engine's CPU setup: dense linears K-major (jaxinfer.linear), freed memory kept
         params = {n: k_major_linear_weights(p) for n, p in params.items()}
+        host_allocator.keep_freed_memory_in_heap()  # in the heap (jaxinfer.host_allocator), as LLMEngine does
     kv_dtypes = {n: quant_setup.kv_cache_dtype(VARIANTS[n], args.dtype, backend) for n in names}
     weights = {n: read_bytes(cfg, params[n]) for n in names}
     dense_params = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)

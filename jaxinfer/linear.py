@@ -15,8 +15,8 @@ default model's 256 x 256 and 256 x 768 weights ran slower K-major (decode at ba
 134M model's 768-wide ones (>= 2.4 MB) faster, so only weights of at least ``K_MAJOR_MIN_BYTES`` convert.
 ``k_major_linear_weights`` converts a params pytree once, at load. Float32 products with a K-major weight go
 to the C++ kernels (``jaxinfer.cpu_ffi.product``) where they are faster than XLA's dot: decode-sized ones
-(up to ``MATVEC_MAX_ROWS``) to the matvec kernel (1.3x XLA's dot over the 134M Llama's weights at batch 1),
-prefill-sized ones (from ``GEMM_MIN_ROWS``) to the gemm kernel.
+(up to ``MATVEC_MAX_ROWS``) to the matvec kernel (1.3x XLA's dot over the 134M Llama's weights at batch 1);
+larger ones stay with XLA.
 
 Not routed through here: the stacked routed-expert weights of an MoE layer (``jaxinfer.moe`` indexes one
 expert at a time or calls ``ragged_dot``: a grouped matmul, not a linear), and the tied LM head

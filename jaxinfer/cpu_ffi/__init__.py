@@ -5,8 +5,8 @@ XLA:CPU has no integer or mixed-precision matrix-vector product (an 8-bit weight
 memory first, which costs more than reading the float32 weight) and its float32 one trails the memory
 bandwidth on decode shapes (``jaxinfer.quant_cpu``, ../shared/FACTS.md). ``matvec.cc`` streams each weight
 once in its stored width (decode: up to ``MATVEC_MAX_ROWS`` activation rows); ``gemm.cc`` widens a weight to
-float32 once, panel by panel, and computes register tiles of outer products (prefill: from
-``GEMM_MIN_ROWS`` rows; on the 2-core Xeon ~5% ahead of XLA's own float32 dot at 512 rows, 1.4x at 128).
+float32 once, panel by panel, and computes register tiles of outer products (8-bit weights from
+``GEMM_MIN_ROWS`` rows: prefill and large batches).
 ``jaxinfer.linear`` and ``jaxinfer.quantization`` call them on one CPU device (``product``).
 ``paged_attention.cc`` computes decode and verification attention straight from the paged cache
 (``jaxinfer.attention`` calls it on the CPU); prompts keep the XLA loop.
