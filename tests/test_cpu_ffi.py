@@ -26,6 +26,18 @@ def test_the_kernel_builds_here():
     assert cpu_ffi.available() and cpu_ffi.fingerprint() != "off"
 
 
+def test_a_fresh_build_and_a_failing_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXINFER_CACHE_DIR", str(tmp_path / "fresh"))
+    library, reason = build._build.__wrapped__()  # the real compiler, into an empty cache: sources side by side
+    assert reason == "" and library.is_file() and library.parent.parent == tmp_path / "fresh" / "cpu_ffi"
+    assert [p.name for p in library.parent.iterdir()] == [library.name]  # objects and partial files removed
+    monkeypatch.setenv("JAXINFER_CACHE_DIR", str(tmp_path / "failing"))
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails every command
+    library, reason = build._build.__wrapped__()
+    assert library is None and reason.startswith("compiling matvec.cc, gemm.cc, paged_attention.cc failed")
+    assert not list((tmp_path / "failing").rglob("*.so")) and not list((tmp_path / "failing").rglob("*.o"))
+
+
 def _weight(rng, n, k, kind):
     if kind == "f32":
         return jnp.asarray(rng.standard_normal((n, k), dtype=np.float32)), None

@@ -37,9 +37,32 @@ def _compiler() -> str | None:
     return None
 
 
-def _command(compiler: str, output: Path) -> list[str]:
-    return [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-DNDEBUG",
-            "-isystem", jax.ffi.include_dir(), *map(str, SOURCES), "-o", str(output)]
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-DNDEBUG")
+
+
+def _compile_commands(compiler: str, output: Path) -> tuple[list[list[str]], list[str]]:
+    """One command per source (they run side by side), writing ``<output>.<i>.o``, then the link into
+    ``output``."""
+    objects = [output.with_name(f"{output.name}.{i}.o") for i in range(len(SOURCES))]
+    compiles = [[compiler, *_FLAGS, "-isystem", jax.ffi.include_dir(), "-c", str(src), "-o", str(obj)]
+                for src, obj in zip(SOURCES, objects)]
+    return compiles, [compiler, "-shared", *map(str, objects), "-o", str(output)]
+
+
+def _run_all(commands: list[list[str]], timeout: float) -> str:
+    """"" once every command succeeded (started together), else the first failure's stderr."""
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands]
+    errors = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+            err = f"timed out after {timeout} s\n{err}"
+        if p.returncode != 0:
+            errors.append(f"{p.args[0]} exited with status {p.returncode}\n{err}")
+    return errors[0] if errors else ""
 
 
 def _cpu_flags() -> str:
@@ -68,7 +91,8 @@ def _build() -> tuple[Path | None, str]:
         return None, "no C++ compiler found (set CXX, or install g++ / clang++)"
     h = hashlib.sha256()
     sources = [p.read_bytes() for p in SOURCES + HEADERS]
-    for part in (*sources, " ".join(_command(compiler, Path("x"))).encode(), jaxlib.__version__.encode(),
+    compiles, link = _compile_commands(compiler, Path("x"))
+    for part in (*sources, repr((compiles, link)).encode(), jaxlib.__version__.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):
         h.update(part)
         h.update(b"\0")
@@ -79,15 +103,18 @@ def _build() -> tuple[Path | None, str]:
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=directory, suffix=".so", delete=False) as tmp:
         partial = Path(tmp.name)
+    compiles, link = _compile_commands(compiler, partial)
     try:
-        done = subprocess.run(_command(compiler, partial), capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            return None, f"compiling {', '.join(p.name for p in SOURCES)} failed:\n{done.stderr[-2000:]}"
+        error = _run_all(compiles, timeout=300) or _run_all([link], timeout=120)
+        if error:
+            return None, f"compiling {', '.join(p.name for p in SOURCES)} failed:\n{error[-2000:]}"
         os.replace(partial, library)
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except OSError as e:
         return None, f"compiling {', '.join(p.name for p in SOURCES)} failed: {e}"
     finally:
         partial.unlink(missing_ok=True)
+        for obj in partial.parent.glob(partial.name + ".*.o"):
+            obj.unlink(missing_ok=True)
     return library, ""
 
 
