@@ -25,8 +25,6 @@ namespace {
 constexpr int kRows = kLanes == 16 ? 12 : 6;  // weight rows per tile: 2 x kRows accumulators + 3 registers
 constexpr int kCols = 2 * kLanes;             // activation rows per tile (two vectors)
 
-using Dims = ffi::Span<const int64_t>;
-
 // x [M, K] -> xt: for each block of kCols activation rows, [K, kCols] (rows m >= M zero), so the micro-kernel
 // reads one contiguous run; k in [k0, k1).
 void transpose_rows(const float* x, float* xt, int64_t M, int64_t K, int64_t k0, int64_t k1) {
@@ -126,11 +124,8 @@ void gemm_groups(const float* xt, const typename Fmt::T* w, const float* scale, 
 template <class Fmt>
 ffi::Error gemm(ffi::ThreadPool& pool, const float* x, Dims xd, const typename Fmt::T* w, Dims wd,
                 const float* scale, const Dims* scale_dims, float* y) {
-  if (xd.size() != 2 || wd.size() != 2) return ffi::Error::InvalidArgument("x and w must be 2-D");
+  if (const char* bad = product_shape_error(xd, wd, scale_dims)) return ffi::Error::InvalidArgument(bad);
   const int64_t M = xd[0], K = xd[1], N = wd[0];
-  if (wd[1] != K) return ffi::Error::InvalidArgument("x [M, K] and w [N, K] disagree on K");
-  if (scale_dims && (scale_dims->size() != 1 || (*scale_dims)[0] != N))
-    return ffi::Error::InvalidArgument("scale must be [N]");
   if (M == 0 || N == 0) return ffi::Error::Success();
   const int64_t Mp = (M + kCols - 1) / kCols * kCols;
   std::unique_ptr<float[]> xt(new float[std::max<int64_t>(K, 1) * Mp]);  // the transpose writes every entry
@@ -147,35 +142,6 @@ ffi::Error gemm(ffi::ThreadPool& pool, const float* x, Dims xd, const typename F
   return ffi::Error::Success();
 }
 
-ffi::Error GemmF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                   ffi::Result<ffi::Buffer<ffi::F32>> y) {
-  return gemm<F32>(pool, x.typed_data(), x.dimensions(), w.typed_data(), w.dimensions(), nullptr, nullptr,
-                   y->typed_data());
-}
-
-template <class Fmt>
-ffi::Error GemmScaled(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w,
-                      ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::Buffer<ffi::F32>> y) {
-  const Dims scale_dims = scale.dimensions();
-  return gemm<Fmt>(pool, x.typed_data(), x.dimensions(), w.typed_data(), w.dimensions(), scale.typed_data(),
-                   &scale_dims, y->typed_data());
-}
-
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxinfer_gemm_f32, GemmF32,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-#define JAXINFER_GEMM_SCALED(name, fn)                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, fn, ffi::Ffi::Bind()                           \
-                                              .Ctx<ffi::ThreadPool>()               \
-                                              .Arg<ffi::Buffer<ffi::F32>>()         \
-                                              .Arg<ffi::Buffer<ffi::S8>>()          \
-                                              .Arg<ffi::Buffer<ffi::F32>>()         \
-                                              .Ret<ffi::Buffer<ffi::F32>>());
-JAXINFER_GEMM_SCALED(jaxinfer_gemm_int8, GemmScaled<Int8>)
-JAXINFER_GEMM_SCALED(jaxinfer_gemm_e4m3, GemmScaled<E4M3>)
+JAXINFER_PRODUCT_HANDLERS(jaxinfer_gemm, gemm);

@@ -129,4 +129,55 @@ void parallel_rows(ffi::ThreadPool& pool, int64_t N, int64_t rows, Body body) {
   while (progress->finished.load(std::memory_order_acquire) < chunks) cpu_relax();
 }
 
+using Dims = ffi::Span<const int64_t>;
+
+// Why x [M, K], w [N, K] and scale [N] (or no scale) do not make a product, or nullptr if they do.
+inline const char* product_shape_error(Dims xd, Dims wd, const Dims* scale_dims) {
+  if (xd.size() != 2 || wd.size() != 2) return "x and w must be 2-D";
+  if (wd[1] != xd[1]) return "x [M, K] and w [N, K] disagree on K";
+  if (scale_dims && (scale_dims->size() != 1 || (*scale_dims)[0] != wd[0])) return "scale must be [N]";
+  return nullptr;
+}
+
+// The FFI handlers of a matrix product F(pool, x, x dims, w, w dims, scale or null, scale dims or null, y):
+// a float32 weight without scales, or an int8-typed one (int8, or e4m3 bytes) with a float32 scale per row.
+template <ffi::Error (*F)(ffi::ThreadPool&, const float*, Dims, const float*, Dims, const float*, const Dims*,
+                          float*)>
+ffi::Error UnscaledProduct(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                           ffi::Result<ffi::Buffer<ffi::F32>> y) {
+  return F(pool, x.typed_data(), x.dimensions(), w.typed_data(), w.dimensions(), nullptr, nullptr, y->typed_data());
+}
+
+template <ffi::Error (*F)(ffi::ThreadPool&, const float*, Dims, const int8_t*, Dims, const float*, const Dims*,
+                          float*)>
+ffi::Error ScaledProduct(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w,
+                         ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::Buffer<ffi::F32>> y) {
+  const Dims scale_dims = scale.dimensions();
+  return F(pool, x.typed_data(), x.dimensions(), w.typed_data(), w.dimensions(), scale.typed_data(), &scale_dims,
+           y->typed_data());
+}
+
 }  // namespace
+
+// Defines <prefix>_f32, <prefix>_int8 and <prefix>_e4m3 for a product template fn<Fmt> (at global scope).
+#define JAXINFER_PRODUCT_HANDLERS(prefix, fn)                                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(prefix##_f32, UnscaledProduct<fn<F32>>,                                    \
+                                ffi::Ffi::Bind()                                                           \
+                                    .Ctx<ffi::ThreadPool>()                                                \
+                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Ret<ffi::Buffer<ffi::F32>>());                                        \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(prefix##_int8, ScaledProduct<fn<Int8>>,                                    \
+                                ffi::Ffi::Bind()                                                           \
+                                    .Ctx<ffi::ThreadPool>()                                                \
+                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Arg<ffi::Buffer<ffi::S8>>()                                           \
+                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Ret<ffi::Buffer<ffi::F32>>());                                        \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(prefix##_e4m3, ScaledProduct<fn<E4M3>>,                                    \
+                                ffi::Ffi::Bind()                                                           \
+                                    .Ctx<ffi::ThreadPool>()                                                \
+                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Arg<ffi::Buffer<ffi::S8>>()                                           \
+                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Ret<ffi::Buffer<ffi::F32>>())

@@ -85,16 +85,11 @@ int64_t chunk_rows(ffi::ThreadPool& pool, int64_t N) {
   return std::max<int64_t>(16, rows);
 }
 
-using Dims = ffi::Span<const int64_t>;
-
 template <class Fmt>
 ffi::Error matvec(ffi::ThreadPool& pool, const float* x, Dims xd, const typename Fmt::T* w, Dims wd,
                   const float* scale, const Dims* scale_dims, float* y) {
-  if (xd.size() != 2 || wd.size() != 2) return ffi::Error::InvalidArgument("x and w must be 2-D");
+  if (const char* bad = product_shape_error(xd, wd, scale_dims)) return ffi::Error::InvalidArgument(bad);
   const int64_t M = xd[0], K = xd[1], N = wd[0];
-  if (wd[1] != K) return ffi::Error::InvalidArgument("x [M, K] and w [N, K] disagree on K");
-  if (scale_dims && (scale_dims->size() != 1 || (*scale_dims)[0] != N))
-    return ffi::Error::InvalidArgument("scale must be [N]");
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, M - m0);
     const float* xb = x + m0 * K;
@@ -106,35 +101,6 @@ ffi::Error matvec(ffi::ThreadPool& pool, const float* x, Dims xd, const typename
   return ffi::Error::Success();
 }
 
-ffi::Error MatvecF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                     ffi::Result<ffi::Buffer<ffi::F32>> y) {
-  return matvec<F32>(pool, x.typed_data(), x.dimensions(), w.typed_data(), w.dimensions(), nullptr, nullptr,
-                     y->typed_data());
-}
-
-template <class Fmt>
-ffi::Error MatvecScaled(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w,
-                        ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::Buffer<ffi::F32>> y) {
-  const Dims scale_dims = scale.dimensions();
-  return matvec<Fmt>(pool, x.typed_data(), x.dimensions(), w.typed_data(), w.dimensions(), scale.typed_data(),
-                     &scale_dims, y->typed_data());
-}
-
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxinfer_matvec_f32, MatvecF32,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-#define JAXINFER_SCALED(name, fn)                                                   \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, fn, ffi::Ffi::Bind()                           \
-                                              .Ctx<ffi::ThreadPool>()               \
-                                              .Arg<ffi::Buffer<ffi::F32>>()         \
-                                              .Arg<ffi::Buffer<ffi::S8>>()          \
-                                              .Arg<ffi::Buffer<ffi::F32>>()         \
-                                              .Ret<ffi::Buffer<ffi::F32>>());
-JAXINFER_SCALED(jaxinfer_matvec_int8, MatvecScaled<Int8>)
-JAXINFER_SCALED(jaxinfer_matvec_e4m3, MatvecScaled<E4M3>)
+JAXINFER_PRODUCT_HANDLERS(jaxinfer_matvec, matvec);
