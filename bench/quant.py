@@ -39,11 +39,10 @@ import numpy as np
 
 from bench import hardware, report
 from bench.moe import BLOCK_SIZE, decode_batches
-from jaxinfer import quant_setup
+from jaxinfer import host_allocator, quant_setup
 from jaxinfer.attention import get_attention_fn
 from jaxinfer.batch import single_sequence_batch
 from jaxinfer.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
-from jaxinfer import host_allocator
 from jaxinfer.linear import k_major_linear_weights
 from jaxinfer.model import forward
 from jaxinfer.quantization import weight_bytes
@@ -53,6 +52,8 @@ VARIANTS = {
     "fp8": quant_setup.QuantOptions("fp8"),
     "fp8_w8a16": quant_setup.QuantOptions("fp8_w8a16"),
     "int8": quant_setup.QuantOptions("int8"),
+    # the LM head too (what llama.cpp's q8_0 quantizes; `jaxinfer convert --quantization int8 --quantize-lm-head`)
+    "int8_lm_head": quant_setup.QuantOptions("int8", include_lm_head=True),
     "kv_fp8": quant_setup.QuantOptions(None, "fp8"),
 }
 
@@ -150,6 +151,19 @@ def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[di
     return sorted(rows, key=lambda r: names.index(r["method"]))
 
 
+def _quantized_checkpoint(model: str | None, opts, out_dir: str) -> str:
+    """``model`` (an HF directory, None: the embedded default) quantized with ``opts`` into ``out_dir``."""
+    from jaxinfer.config import ModelConfig
+    from jaxinfer.loader import load_hf_params
+    from jaxinfer.model_source import default_model_dir
+    from jaxinfer.quant_checkpoint import save_quantized_params
+
+    src = str(default_model_dir()) if model is None else model
+    cfg = ModelConfig.from_pretrained(src)
+    params = quant_setup.apply(load_hf_params(src, cfg, jnp.float32), cfg, opts, platform="any")
+    return str(save_quantized_params(params, out_dir + "/ckpt", cfg, copy_files_from=src))
+
+
 def greedy_agreement(model: str | None, tokens: int, names) -> dict:
     """Per variant: tokens equal to the unquantized engine's before the first divergence (2 prompts)."""
     from jaxinfer import LLM, SamplingParams
@@ -171,7 +185,11 @@ def greedy_agreement(model: str | None, tokens: int, names) -> dict:
         if name == "unquantized":
             continue
         opts = VARIANTS[name]
-        got = run(LLM(model=model, quantization=opts.quantization, kv_cache_dtype=opts.kv_cache_dtype, **engine))
+        if opts.include_lm_head:  # not an LLM option: a checkpoint written as `jaxinfer convert` writes it
+            with tempfile.TemporaryDirectory() as tmp:
+                got = run(LLM(model=_quantized_checkpoint(model, opts, tmp), **engine))
+        else:
+            got = run(LLM(model=model, quantization=opts.quantization, kv_cache_dtype=opts.kv_cache_dtype, **engine))
         prefix = 0
         for a, b in zip(got, ref):
             n = 0
