@@ -9,6 +9,9 @@
 // with each activation row: the weight is read once, front to back, in its stored width (an 8-bit weight is
 // widened in registers, never in memory), blocks of activation rows share every weight vector loaded, and
 // the rows of N are split into chunks that the caller and XLA's intra-op threads take from a shared counter.
+// Each tile prefetches the next tile's weight rows: without it a thread waited on memory between tiles (a
+// 32000 x 768 weight at 1 row: int8 12.6 -> 19.6 GB/s, float32 28.6 -> 31.7; at 16 rows 4.8 -> 7.3 and 9.0 ->
+// 14.3 GB/s).
 // Accumulation is float32. e4m3 NaN (0x7F/0xFF) is not decoded as NaN (saturating quantizers never write it).
 #include "kernel_common.h"
 
@@ -24,6 +27,7 @@ inline void tile(const float* x, const typename Fmt::T* w, const float* scale, f
   const int64_t k_vec = K / kLanes * kLanes;
   const typename Fmt::T* wr = w + n0 * K;
   const float* xr = x + m0 * K;
+  const bool prefetch = n0 + 2 * R <= N;
   f32v acc[MB][R];
 #pragma GCC unroll 8
   for (int i = 0; i < MB; ++i)
@@ -31,6 +35,10 @@ inline void tile(const float* x, const typename Fmt::T* w, const float* scale, f
     for (int r = 0; r < R; ++r) acc[i][r] = f32v{};
   for (int64_t k = 0; k < k_vec; k += kLanes) {
     f32v wv[R];
+    if (prefetch && (k * sizeof(typename Fmt::T)) % 64 == 0) {  // the next tile's rows, a cache line each
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) __builtin_prefetch(wr + (R + r) * K + k);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = Fmt::load(wr + r * K + k);
 #pragma GCC unroll 8

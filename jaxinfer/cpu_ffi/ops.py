@@ -15,18 +15,18 @@ from jaxinfer.cpu_ffi import build
 # Which C++ kernel takes a product of M activation rows, per weight kind: the matvec kernel up to
 # MATVEC_MAX_ROWS, the gemm kernel from GEMM_MIN_ROWS, XLA's own dot otherwise (float32 only). Measured on the
 # 2-core Xeon (AVX-512) over a dependent chain of the 134M Llama's products (4 layers,
-# ``jaxinfer.quant_cpu.time_formulations``), in ms at M = 1 / 16 / 32 / 64 / 128 / 512:
-#   float32  XLA dot 4.8 / 11.4 / 13.3 / 18.6 / 46.1 / 123.6; matvec 3.3 / 9.6 / 13.8 / 22.1; gemm 20.1 at 64,
-#            32.2 at 128, 118.2 at 512
-#   int8     matvec 1.7 / 5.3 / 9.4 / 18.4 / 33.9 / 126.6; gemm 10.2 at 32, 16.2 at 64, 28.6 at 128, 113.7 at 512
-#   e4m3     matvec 2.2 / 7.7 / 13.5 / 25.1; gemm 10.3 at 16, 10.3 at 32, 15.7 at 64, 29.1 at 128, 115.8 at 512
+# ``jaxinfer.quant_cpu.time_formulations``), in ms at M = 1 / 8 / 16 / 32 / 48 / 64 / 128:
+#   float32  XLA dot 5.1 / 10.0 / 11.0 / 13.2 / 15.3 / 18.1 / 43.9; matvec 3.0 / 5.4 / 7.5 / 12.1 / 16.4 / 20.8
+#   int8     matvec 1.1 / 2.9 / 4.8 / 10.3 / 12.9 / 17.3; gemm 8.6 at 16, 9.0 at 32, 15.0 / 16.0 / 28.4
+#   e4m3     matvec 1.9 / 3.7 / 6.4 / 13.5; gemm 9.5 at 16, 9.9 at 32, 15.5 / 15.4 / 28.6
 # (the matvec kernel streams the weight: best while reading it dominates; the gemm kernel widens it to float32
-# once and is bound by arithmetic). Inside the model (``jaxinfer-bench quant``) XLA's float32 dot beat the
-# gemm kernel where the chain called them even or the kernel ahead (its dots fuse their neighbours; a custom
-# call fuses nothing): decode at batch 128 216-221 vs 232-238 ms, prefill of 256 tokens 195 vs 227-235 ms and
-# of 512 424-431 vs 455-497 ms; so float32 never takes the gemm kernel.
-MATVEC_MAX_ROWS = {"f32": 16, "int8": 32, "e4m3_bits": 16}
-GEMM_MIN_ROWS = {"f32": float("inf"), "int8": 33, "e4m3_bits": 17}
+# once and is bound by arithmetic; at 512 rows gemm int8 / e4m3 108 ms vs XLA float32 116). Inside the model
+# (``jaxinfer-bench quant``) XLA's float32 dot beat the gemm kernel where the chain called them even or the
+# kernel ahead (its dots fuse their neighbours; a custom call fuses nothing): decode at batch 128 216-221 vs
+# 232-238 ms, prefill of 256 tokens 195 vs 227-235 ms and of 512 424-431 vs 455-497 ms; so float32 never takes
+# the gemm kernel, and its matvec threshold keeps the chain's clear margin (1.5x at 16 rows, 1.1x at 32).
+MATVEC_MAX_ROWS = {"f32": 16, "int8": 16, "e4m3_bits": 16}
+GEMM_MIN_ROWS = {"f32": float("inf"), "int8": 17, "e4m3_bits": 17}
 KINDS = tuple(MATVEC_MAX_ROWS)
 
 
