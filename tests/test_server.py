@@ -382,3 +382,44 @@ def test_explicit_nulls_mean_defaults(url, llm):
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == _offline(llm, [PROMPTS[0]], temperature=0.0, max_tokens=6)[0] \
         .outputs[0].text
+
+
+def test_multi_step_server_streams_the_tokens_of_single_steps(llm):
+    """`jaxinfer serve --num-scheduler-steps 4`: bursts of decode steps; streamed tokens, stop strings and
+    finish reasons equal the single-step offline engine's."""
+    srv, thread, url, _ = _serve_in_thread([*ENGINE, "--api-key", KEY, "--num-scheduler-steps", "4"])
+    try:
+        prompts = [f"def function_{i}(x):\n    " for i in range(6)]
+        lens = [3, 9, 14, 1, 22, 7]
+        ref = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens],
+                           use_tqdm=False)
+        aclient = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+        async def one(p, n):
+            ids, reasons = [], []
+            async for chunk in await aclient.completions.create(
+                    model="jaxinfer-default", prompt=p, max_tokens=n, temperature=0.0, stream=True,
+                    extra_body={"ignore_eos": True, "return_token_ids": True}):
+                ids.extend(chunk.choices[0].token_ids)
+                reasons.append(chunk.choices[0].finish_reason)
+            return ids, reasons[-1]
+
+        async def main():
+            try:
+                return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lens)))
+            finally:
+                await aclient.close()
+
+        got = asyncio.run(main())
+        assert [ids for ids, _ in got] == [r.outputs[0].token_ids for r in ref]
+        assert all(reason == "length" for _, reason in got)
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        full = _offline(llm, [PROMPTS[0]], temperature=0.0, max_tokens=24, ignore_eos=True)[0].outputs[0].text
+        stop = full[len(full) // 2: len(full) // 2 + 3]  # a stop string inside a burst
+        want = _offline(llm, [PROMPTS[0]], temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])[0]
+        out = client.completions.create(model="jaxinfer-default", prompt=PROMPTS[0], max_tokens=24,
+                                        temperature=0.0, stop=[stop], extra_body={"ignore_eos": True})
+        assert out.choices[0].text == want.outputs[0].text and out.choices[0].finish_reason == "stop"
+    finally:
+        srv.should_exit = True
+        thread.join(30)
