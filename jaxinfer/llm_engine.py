@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer import host_allocator, multihost, quant_setup
+from jaxinfer.multistep import burst_length
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
 from jaxinfer.compile_monitor import CompileWatch
@@ -372,7 +373,8 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        num_steps = self._multistep_count(plan.scheduled)
+        num_steps = burst_length(plan.scheduled, self.config.num_scheduler_steps, self.max_model_len,
+                                 self.block_manager)
         if num_steps > 1:
             emitted = self.runner.execute_multistep(plan.scheduled, num_steps)
         else:
@@ -428,27 +430,6 @@ class LLMEngine:
                 self._requests.pop(req.request_id, None)
             outputs.append(self._make_output(req))
         return outputs
-
-    def _multistep_count(self, scheduled: list) -> int:
-        """How many decode steps to run in one call (``num_scheduler_steps``; 1: a single step): several only
-        when the host has nothing to do in between — every sequence decodes one known token, has no
-        penalties (they read the output history) and no min_tokens bans left to lift — at most as many as the
-        longest remaining ``max_tokens`` and the closest ``max_model_len`` allow, with blocks for them all."""
-        n = self.config.num_scheduler_steps
-        if n <= 1:
-            return 1
-        remaining = 1
-        for s in scheduled:
-            q, p = s.seq, s.seq.params
-            if not s.samples or s.num_new_tokens != 1 or s.num_spec_tokens or p.has_penalties \
-                    or q.num_output_tokens < p.min_tokens:
-                return 1
-            n = min(n, self.max_model_len - q.num_tokens + 1)
-            remaining = max(remaining, n if p.max_tokens is None else p.max_tokens - q.num_output_tokens)
-        n = min(n, remaining)
-        if n > 1 and all(self.block_manager.grow(s.seq, s.seq.num_tokens + n - 1) for s in scheduled):
-            return n
-        return 1
 
     def _propose(self) -> int:
         """Propose draft tokens for the running sequences that decode next step; returns how many."""

@@ -10,7 +10,7 @@ N tokens.
 
 It is the same computation as N single steps (the same step function at ``query_width=1``, the same
 sampler with the same per-row seeds and step indices), so the tokens are identical. The engine uses it
-only where that holds without the host in between (``LLMEngine._multistep_count``): a decode-only batch,
+only where that holds without the host in between (``burst_length``): a decode-only batch,
 no speculation, no penalties (they read the output history) and no min_tokens bans still to lift. Stop
 conditions are applied afterwards: the tokens a sequence chose after it finished are dropped (their K/V
 went to blocks allocated for them, which are freed with the sequence).
@@ -24,6 +24,29 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.batch import NULL_SLOT, StepBatch
+
+
+def burst_length(scheduled: list, max_steps: int, max_model_len: int, block_manager) -> int:
+    """How many decode steps to run in one call (1: a single step): several only when the host has nothing to
+    do in between — every scheduled sequence decodes one known token, has no penalties (they read the output
+    history) and no min_tokens bans left to lift — at most ``max_steps``, as many as the longest remaining
+    ``max_tokens`` and the closest ``max_model_len`` allow, and only once ``block_manager`` gave every sequence
+    blocks for them all."""
+    n = max_steps
+    if n <= 1:
+        return 1
+    remaining = 1
+    for s in scheduled:
+        q, p = s.seq, s.seq.params
+        if not s.samples or s.num_new_tokens != 1 or s.num_spec_tokens or p.has_penalties \
+                or q.num_output_tokens < p.min_tokens:
+            return 1
+        n = min(n, max_model_len - q.num_tokens + 1)
+        remaining = max(remaining, n if p.max_tokens is None else p.max_tokens - q.num_output_tokens)
+    n = min(n, remaining)
+    if n > 1 and all(block_manager.grow(s.seq, s.seq.num_tokens + n - 1) for s in scheduled):
+        return n
+    return 1
 
 
 def next_decode_batch(batch: StepBatch, tokens: jax.Array, block_size: int) -> StepBatch:
