@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer import host_allocator, multihost, quant_setup
-from jaxinfer.multistep import burst_length
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
 from jaxinfer.compile_monitor import CompileWatch
@@ -33,6 +32,7 @@ from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import Scheduler, SchedulerConfig
 from jaxinfer.shape_plan import ShapePlan
 from jaxinfer.draft_proposer import DraftProposer
+from jaxinfer.multistep import burst_length
 from jaxinfer.ngram_proposer import propose_ngram
 from jaxinfer.sequence import Sequence, SequenceStatus
 from jaxinfer.spec_config import SpeculativeConfig

@@ -202,20 +202,18 @@ def test_chat_equal_offline_through_transformers_template(client, llm):
 
 
 # ------------------------------------------------------------------------------------------ concurrency
-def test_32_concurrent_streams_equal_offline(url, llm):
-    prompts = [f"def function_{i}(x):\n    " for i in range(32)]
-    lens = [8 + (i * 7) % 25 for i in range(32)]
-    ref = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens],
-                       use_tqdm=False)
+def _concurrent_greedy_streams(url, prompts, lens) -> list[tuple[list[int], str]]:
+    """Every prompt streamed at once (greedy, ``lens`` tokens each, EOS ignored): (token ids, last finish reason)."""
     aclient = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
     async def one(p, n):
-        ids = []
+        ids, reasons = [], []
         async for chunk in await aclient.completions.create(
                 model="jaxinfer-default", prompt=p, max_tokens=n, temperature=0.0, stream=True,
                 extra_body={"ignore_eos": True, "return_token_ids": True}):
             ids.extend(chunk.choices[0].token_ids)
-        return ids
+            reasons.append(chunk.choices[0].finish_reason)
+        return ids, reasons[-1]
 
     async def main():
         try:
@@ -223,8 +221,16 @@ def test_32_concurrent_streams_equal_offline(url, llm):
         finally:
             await aclient.close()
 
-    got = asyncio.run(main())
-    assert got == [r.outputs[0].token_ids for r in ref]
+    return asyncio.run(main())
+
+
+def test_32_concurrent_streams_equal_offline(url, llm):
+    prompts = [f"def function_{i}(x):\n    " for i in range(32)]
+    lens = [8 + (i * 7) % 25 for i in range(32)]
+    ref = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens],
+                       use_tqdm=False)
+    got = _concurrent_greedy_streams(url, prompts, lens)
+    assert [ids for ids, _ in got] == [r.outputs[0].token_ids for r in ref]
 
 
 def test_disconnect_mid_stream_frees_blocks(url):
@@ -393,24 +399,7 @@ def test_multi_step_server_streams_the_tokens_of_single_steps(llm):
         lens = [3, 9, 14, 1, 22, 7]
         ref = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens],
                            use_tqdm=False)
-        aclient = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-
-        async def one(p, n):
-            ids, reasons = [], []
-            async for chunk in await aclient.completions.create(
-                    model="jaxinfer-default", prompt=p, max_tokens=n, temperature=0.0, stream=True,
-                    extra_body={"ignore_eos": True, "return_token_ids": True}):
-                ids.extend(chunk.choices[0].token_ids)
-                reasons.append(chunk.choices[0].finish_reason)
-            return ids, reasons[-1]
-
-        async def main():
-            try:
-                return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lens)))
-            finally:
-                await aclient.close()
-
-        got = asyncio.run(main())
+        got = _concurrent_greedy_streams(url, prompts, lens)
         assert [ids for ids, _ in got] == [r.outputs[0].token_ids for r in ref]
         assert all(reason == "length" for _, reason in got)
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
