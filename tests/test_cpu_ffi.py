@@ -34,7 +34,7 @@ def test_a_fresh_build_and_a_failing_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("JAXINFER_CACHE_DIR", str(tmp_path / "failing"))
     monkeypatch.setenv("CXX", "false")  # a compiler that fails every command
     library, reason = build._build.__wrapped__()
-    assert library is None and reason.startswith("compiling matvec.cc, gemm.cc, paged_attention.cc failed")
+    assert library is None and reason.startswith("compiling matvec.cc, gemm.cc, gemm_amx.cc, paged_attention.cc failed")
     assert not list((tmp_path / "failing").rglob("*.so")) and not list((tmp_path / "failing").rglob("*.o"))
 
 
@@ -54,8 +54,13 @@ SHAPES = [(1, 1, 1), (1, 7, 3), (2, 37, 129), (3, 100, 203), (4, 256, 64), (5, 9
           (100, 300, 50), (129, 600, 97)]  # the gemm kernel's K passes (256) and row blocks (32) cut anywhere
 
 
-@pytest.mark.parametrize("algorithm", ["matvec", "gemm"])
-@pytest.mark.parametrize("kind", cpu_ffi.ops.KINDS)
+NEEDS_AMX = pytest.mark.skipif(not build.amx_available(), reason="no AMX tiles on this CPU (or JAXINFER_CPU_AMX=0)")
+ALGORITHM_KINDS = ([("matvec", kind) for kind in cpu_ffi.ops.KINDS] + [("gemm", kind) for kind in cpu_ffi.ops.KINDS]
+                   + [pytest.param("gemm_amx", kind, marks=NEEDS_AMX) for kind in ("int8", "e4m3_bits")])
+AMX_SHAPES = [(300, 70, 40), (40, 2048, 48), (17, 4096, 16), (129, 64, 2049)]  # 128-row panels, 4 KiB rows, ends
+
+
+@pytest.mark.parametrize("algorithm, kind", ALGORITHM_KINDS)
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_products_match_the_reference(algorithm, kind, m, k, n):
     rng = np.random.default_rng(m * 10007 + k * 101 + n)
@@ -71,6 +76,33 @@ def test_products_match_the_reference(algorithm, kind, m, k, n):
     np.testing.assert_array_equal(np.asarray(got)[m // 2], 0.0)
 
 
+@NEEDS_AMX
+@pytest.mark.parametrize("kind", ["int8", "e4m3_bits"])
+@pytest.mark.parametrize("m,k,n", AMX_SHAPES)
+def test_amx_products_on_larger_shapes(kind, m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    x = rng.standard_normal((m, k), dtype=np.float32) * np.float32(1e3)  # wide exponents: the split must be exact
+    x[:, ::7] *= np.float32(1e-6)
+    w, scale = _weight(rng, n, k, kind)
+    got = cpu_ffi.gemm_amx(jnp.asarray(x), w, scale, kind)
+    want = cpu_ffi.matvec_reference(jnp.asarray(x), w, scale, kind)
+    gemm = cpu_ffi.gemm(jnp.asarray(x), w, scale, kind)  # the float32 kernel: the AMX error is no larger
+    scale_of = float(jnp.max(jnp.abs(want))) * np.sqrt(k)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5 * scale_of)
+    assert float(jnp.max(jnp.abs(got - want))) <= 2 * float(jnp.max(jnp.abs(gemm - want))) + 1e-6 * scale_of
+
+
+@NEEDS_AMX
+@pytest.mark.parametrize("k", [32, 31])  # whole tiles (vector decode and transpose) and cut ones (one by one)
+def test_amx_decodes_every_weight_byte_exactly(k):
+    codes = np.array([b for b in range(-128, 128) if (b & 0x7F) != 0x7F], np.int8)
+    for kind in ("int8", "e4m3_bits"):
+        w = np.resize(codes, (16, k)).astype(np.int8)
+        got = cpu_ffi.gemm_amx(jnp.eye(k, dtype=jnp.float32), jnp.asarray(w), jnp.ones(16, jnp.float32), kind)
+        want = w.view(ml_dtypes.float8_e4m3fn).astype(np.float32) if kind == "e4m3_bits" else w.astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(got), want.T)  # one-hot rows pick each weight exactly
+
+
 def test_e4m3_decoding_of_every_byte_is_exact():
     codes = np.array([b for b in range(-128, 128) if (b & 0x7F) != 0x7F], np.int8)
     w = jnp.asarray(codes.reshape(-1, 1))
@@ -79,7 +111,7 @@ def test_e4m3_decoding_of_every_byte_is_exact():
     np.testing.assert_array_equal(np.asarray(got)[0], want)
 
 
-@pytest.mark.parametrize("algorithm, m", [("matvec", 3), ("gemm", 40)])
+@pytest.mark.parametrize("algorithm, m", [("matvec", 3), ("gemm", 40), pytest.param("gemm_amx", 40, marks=NEEDS_AMX)])
 def test_many_rows_split_across_threads_agree_with_one_call_per_row(algorithm, m):
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((m, 300), dtype=np.float32))
@@ -102,6 +134,8 @@ def test_bad_inputs_are_value_errors():
         cpu_ffi.matvec(x, jnp.ones((4, 8), jnp.int8), None, "int8")
     with pytest.raises(ValueError, match="scale"):
         cpu_ffi.matvec(x, jnp.ones((4, 8), jnp.int8), jnp.ones(3), "int8")
+    with pytest.raises(ValueError, match="8-bit"):
+        cpu_ffi.gemm_amx(x, jnp.ones((4, 8), jnp.float32), None, "f32")
 
 
 def _targets(fn, *args) -> str:
@@ -116,12 +150,23 @@ def test_linear_calls_each_kernel_where_it_is_the_faster():
         plain = _targets(linear, x[rows], w)
         assert "jaxinfer_matvec" not in plain and "jaxinfer_gemm" not in plain
     np.testing.assert_allclose(linear(x[96].reshape(3, 32, 32), w), np.full((3, 32, 64), 32.0))
+    gemm = "jaxinfer_gemm_amx" if build.amx_available() else "jaxinfer_gemm"  # 8-bit prefill: AMX tiles if any
     qw = with_cpu_storage(quantize_weight(jnp.ones((32, 64), jnp.float32), "int8"))
     int8 = lambda x: quantized_linear(x, qw, implementation="cpu")  # noqa: E731
-    assert "jaxinfer_matvec_int8" in _targets(int8, x[16]) and "jaxinfer_gemm_int8" in _targets(int8, x[32])
+    assert "jaxinfer_matvec_int8" in _targets(int8, x[16]) and f"{gemm}_int8" in _targets(int8, x[32])
     fw = with_cpu_storage(quantize_weight(jnp.ones((32, 64), jnp.float32), "fp8_w8a16"))
     e4m3 = lambda x: quantized_linear(x, fw, implementation="cpu")  # noqa: E731
-    assert "jaxinfer_matvec_e4m3" in _targets(e4m3, x[8]) and "jaxinfer_gemm_e4m3" in _targets(e4m3, x[32])
+    assert "jaxinfer_matvec_e4m3" in _targets(e4m3, x[8]) and f"{gemm}_e4m3" in _targets(e4m3, x[32])
+
+
+def test_amx_switched_off_by_the_environment_falls_back_to_the_gemm_kernel(monkeypatch):
+    monkeypatch.setenv(build.AMX_SWITCH, "0")
+    assert not build.amx_available() and not cpu_ffi.fingerprint().endswith("-amx")
+    qw = with_cpu_storage(quantize_weight(jnp.ones((32, 64), jnp.float32), "int8"))
+    lowered = _targets(lambda x: quantized_linear(x, qw, implementation="cpu"), jnp.ones((32, 32), jnp.float32))
+    assert "jaxinfer_gemm_int8" in lowered and "amx" not in lowered
+    with pytest.raises(RuntimeError, match="AMX"):
+        cpu_ffi.gemm_amx(jnp.ones((32, 32), jnp.float32), qw.qweight, qw.scale, "int8")
 
 
 def test_switched_off_by_the_environment(monkeypatch):

@@ -6,7 +6,9 @@ memory first, which costs more than reading the float32 weight) and its float32 
 bandwidth on decode shapes (``jaxinfer.quant_cpu``, ../shared/FACTS.md). ``matvec.cc`` streams each weight
 once in its stored width (decode: up to ``MATVEC_MAX_ROWS`` activation rows); ``gemm.cc`` widens a weight to
 float32 once, panel by panel, and computes register tiles of outer products (8-bit weights from
-``GEMM_MIN_ROWS`` rows: prefill and large batches).
+``GEMM_MIN_ROWS`` rows: prefill and large batches); on CPUs with AMX tiles (Intel Sapphire Rapids and later)
+``gemm_amx.cc`` takes those products instead (from ``AMX_MIN_ROWS`` rows), splitting each float32 activation
+exactly into three bfloat16 terms (``JAXINFER_CPU_AMX=0`` keeps ``gemm.cc``).
 ``jaxinfer.linear`` and ``jaxinfer.quantization`` call them on one CPU device (``product``).
 ``paged_attention.cc`` computes decode and verification attention straight from the paged cache
 (``jaxinfer.attention`` calls it on the CPU); prompts keep the XLA loop.
@@ -18,8 +20,10 @@ caller keeps its XLA formulation: same results, slower.
 """
 
 from jaxinfer.cpu_ffi.attention import paged_attention, use_paged_attention
-from jaxinfer.cpu_ffi.build import available, fingerprint, unavailable_reason
-from jaxinfer.cpu_ffi.ops import GEMM_MIN_ROWS, MATVEC_MAX_ROWS, gemm, kernel_for, matvec, matvec_reference, product
+from jaxinfer.cpu_ffi.build import amx_available, available, fingerprint, unavailable_reason
+from jaxinfer.cpu_ffi.ops import (AMX_MIN_ROWS, GEMM_MIN_ROWS, MATVEC_MAX_ROWS, gemm, gemm_amx, kernel_for, matvec,
+                                  matvec_reference, product)
 
-__all__ = ["available", "fingerprint", "unavailable_reason", "GEMM_MIN_ROWS", "MATVEC_MAX_ROWS", "gemm",
-           "kernel_for", "matvec", "matvec_reference", "product", "paged_attention", "use_paged_attention"]
+__all__ = ["amx_available", "available", "fingerprint", "unavailable_reason", "AMX_MIN_ROWS", "GEMM_MIN_ROWS",
+           "MATVEC_MAX_ROWS", "gemm", "gemm_amx", "kernel_for", "matvec", "matvec_reference", "product",
+           "paged_attention", "use_paged_attention"]

@@ -1,5 +1,5 @@
-"""Compile the C++ kernels (``matvec.cc``, ``gemm.cc``, ``paged_attention.cc``) once per machine into one shared library and
-register their handlers with XLA:CPU.
+"""Compile the C++ kernels (``matvec.cc``, ``gemm.cc``, ``gemm_amx.cc``, ``paged_attention.cc``) once per machine into
+one shared library and register their handlers with XLA:CPU.
 
 The library lives in ``$JAXINFER_CACHE_DIR/cpu_ffi/<hash>/`` (default ``~/.cache/jaxinfer``), the hash
 covering the sources, the compiler command, jaxlib's version and the CPU (``-march=native`` code runs only
@@ -23,11 +23,13 @@ from pathlib import Path
 import jax
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "matvec.cc", HERE / "gemm.cc", HERE / "paged_attention.cc")
+SOURCES = (HERE / "matvec.cc", HERE / "gemm.cc", HERE / "gemm_amx.cc", HERE / "paged_attention.cc")
 HEADERS = (HERE / "kernel_common.h",)
 TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3", "jaxinfer_gemm_f32",
-           "jaxinfer_gemm_int8", "jaxinfer_gemm_e4m3", "jaxinfer_paged_attention_f32", "jaxinfer_paged_attention_e4m3")
+           "jaxinfer_gemm_int8", "jaxinfer_gemm_e4m3", "jaxinfer_gemm_amx_int8", "jaxinfer_gemm_amx_e4m3",
+           "jaxinfer_paged_attention_f32", "jaxinfer_paged_attention_e4m3")
 ENV_SWITCH = "JAXINFER_CPU_KERNELS"
+AMX_SWITCH = "JAXINFER_CPU_AMX"
 
 
 def _compiler() -> str | None:
@@ -119,13 +121,18 @@ def _build() -> tuple[Path | None, str]:
 
 
 @functools.cache
+def _library() -> ctypes.CDLL:
+    return ctypes.cdll.LoadLibrary(str(_build()[0]))
+
+
+@functools.cache
 def _register() -> str:
     """"" once the handlers are registered with XLA:CPU, else why they are not."""
     library, reason = _build()
     if library is None:
         return reason
     try:
-        lib = ctypes.cdll.LoadLibrary(str(library))
+        lib = _library()
         for name in TARGETS:
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     except Exception as e:  # a library built for another jaxlib or CPU, or an unloadable one
@@ -159,13 +166,26 @@ def _warn_once(reason: str) -> None:
                   stacklevel=3)
 
 
+@functools.cache
+def _cpu_has_amx() -> bool:
+    return bool(_library().jaxinfer_amx_available())
+
+
+def amx_available() -> bool:
+    """True if the kernels are available and this CPU and OS let the process use AMX tiles (Intel Sapphire
+    Rapids and later; Linux grants the permission on request), unless ``JAXINFER_CPU_AMX=0``."""
+    if os.environ.get(AMX_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return available() and _cpu_has_amx()
+
+
 def fingerprint() -> str:
     """What executables traced in this process depend on: "off", or the built library's name (part of the
     compilation-cache key, so executables with and without the kernels never mix). Off unless the default
     backend is the CPU (the engine uses the kernels only there)."""
     if jax.default_backend() != "cpu" or not available():
         return "off"
-    return _build()[0].parent.name
+    return _build()[0].parent.name + ("-amx" if amx_available() else "")
 
 
 def require() -> None:
