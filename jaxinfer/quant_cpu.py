@@ -4,7 +4,8 @@ microbenchmark that chose them.
 A per-channel 8-bit weight goes to the C++ kernels (``jaxinfer.cpu_ffi.product``): up to
 ``MATVEC_MAX_ROWS`` activation rows (decode) the matvec kernel, which reads it in its stored width (int8 about
 three times as fast as the float32 weight through XLA at batch 1); larger products (prefill, big batches) the
-gemm kernel, which widens each weight once per call and is bound by arithmetic like a float32 product. The
+gemm kernel, which widens each weight once per call and is bound by arithmetic like a float32 product (on a
+CPU with AMX tiles the AMX kernel instead, several times the float32 rate). The
 XLA formulation below remains for block-wise fp8 weights, float8-typed ones, and machines without a C++
 compiler.
 
@@ -145,6 +146,9 @@ def time_formulations(rows: tuple[int, ...] = (1, 4, 8, 16), shapes: tuple[tuple
                   ("float32 gemm kernel", chain(lambda x, w, s: cpu_ffi.gemm(x, w)), dense, 4),
                   ("int8 gemm kernel", chain(lambda x, w, s: cpu_ffi.gemm(x, w, s, "int8")), ints, 1),
                   ("e4m3 gemm kernel", chain(lambda x, w, s: cpu_ffi.gemm(x, w, s, "e4m3_bits")), bits, 1)]
+    if cpu_ffi.amx_available():
+        cases += [("int8 AMX kernel", chain(lambda x, w, s: cpu_ffi.gemm_amx(x, w, s, "int8")), ints, 1),
+                  ("e4m3 AMX kernel", chain(lambda x, w, s: cpu_ffi.gemm_amx(x, w, s, "e4m3_bits")), bits, 1)]
     cases.append(("int8 chunked XLA dequantize",
                   chain(lambda x, w, s: chunked_dequant_matmul(x, w, "int8") * s), ints, 1))
     results = []
