@@ -12,7 +12,9 @@ bounds), so a block table padded to its full width costs nothing:
   every sequence slot at once, the context visited in chunks of blocks (on the CPU, the C++ kernel of
   ``jaxinfer.cpu_ffi`` instead, which reads the blocks in place);
 * longer runs (prompts, prefill chunks) — ``_attend_query_blocks``: a work list of query blocks, each up to
-  ``q_block`` consecutive queries of one sequence, against that sequence's keys in blocks of ``k_block``.
+  ``q_block`` consecutive queries of one sequence, against that sequence's keys in blocks of ``k_block`` (on
+  the CPU, the C++ kernel ``cpu_ffi.ragged_attention`` takes such mixed steps whole, flash attention in
+  registers: ~3x the loop on a 512-token prompt).
 
 The static ``query_width`` says which a step needs: ``W >= 1`` promises that no sequence has more than W
 queries (a decode or verification step: the short loop only); ``None`` is a mixed step (single-query slots
@@ -220,7 +222,8 @@ def xla_ragged_paged_attention(
     ``query_width`` (static): W >= 1 promises that no sequence has more than W queries (decode: 1;
     verification of k drafts: 1 + k): one short-query loop serves every slot. None: any run lengths;
     single-query slots take the short-query loop, longer runs the query-block loop.
-    ``cpu_kernel``: whether short query runs go to the C++ kernel (None: on the CPU when it is available).
+    ``cpu_kernel``: whether the C++ kernels take the step (None: on the CPU when they are available): short query
+    runs ``cpu_ffi.paged_attention``, any other step ``cpu_ffi.ragged_attention``.
     """
     num_tokens = q_TNH.shape[0]
     num_seqs = kv_lens.shape[0]
@@ -236,6 +239,12 @@ def xla_ragged_paged_attention(
                                      width=query_width, **short)
         out = tile[s, jnp.clip(idx, 0, query_width - 1)]
         return jnp.where(real[:, None, None], out, 0.0).astype(q_TNH.dtype)
+    if cpu_kernel is None:
+        cpu_kernel = cpu_ffi.use_paged_attention(q_TNH.dtype, k_cache.dtype)
+    if cpu_kernel:  # the whole ragged step in one C++ call (prompts, chunks and the decodes beside them)
+        out = cpu_ffi.ragged_attention(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=sm_scale,
+                                       sliding_window=sliding_window)
+        return out.astype(q_TNH.dtype)
     single = q_lens == 1
     decodes = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, cu_q_lens[:-1],
                                     single.astype(jnp.int32), jnp.where(single, kv_lens, 0), width=1, **short)

@@ -1,6 +1,7 @@
-"""The C++ kernels (``jaxinfer.cpu_ffi``) against plain-jnp references on fuzzed shapes: the matvec (its e4m3
-decoding on every byte, its errors, where the engine's linears call it) and paged attention of short query
-runs (float32 and e4m3-byte caches, GQA, windows, padding; where the attention path calls it)."""
+"""The C++ kernels (``jaxinfer.cpu_ffi``) against plain-jnp references on fuzzed shapes: the matrix products
+(matvec, gemm, AMX gemm: every weight kind, every e4m3 byte, errors, where the engine's linears call them),
+paged attention of short query runs and ragged attention of whole steps (float32 and e4m3-byte caches, GQA,
+windows, padding; where the attention path calls them)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def test_a_fresh_build_and_a_failing_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("JAXINFER_CACHE_DIR", str(tmp_path / "failing"))
     monkeypatch.setenv("CXX", "false")  # a compiler that fails every command
     library, reason = build._build.__wrapped__()
-    assert library is None and reason.startswith("compiling matvec.cc, gemm.cc, gemm_amx.cc, paged_attention.cc failed")
+    assert library is None and reason.startswith(
+        "compiling matvec.cc, gemm.cc, gemm_amx.cc, paged_attention.cc, ragged_attention.cc failed")
     assert not list((tmp_path / "failing").rglob("*.so")) and not list((tmp_path / "failing").rglob("*.o"))
 
 
@@ -254,7 +256,7 @@ def test_paged_attention_bad_inputs_are_value_errors():
         call(q, k, k, t, lens, lens, sliding_window=0)
 
 
-def test_cpu_attention_uses_the_kernel_for_short_query_runs_only(monkeypatch):
+def test_cpu_attention_uses_the_kernels_for_every_step(monkeypatch):
     q, k = jnp.ones((6, 4, 8), jnp.float32), jnp.ones((9, 4, 2, 8), jnp.float32)
     tables, cu, kv = jnp.ones((3, 2), jnp.int32), jnp.asarray([0, 1, 2, 3], jnp.int32), jnp.full(3, 5, jnp.int32)
 
@@ -262,10 +264,85 @@ def test_cpu_attention_uses_the_kernel_for_short_query_runs_only(monkeypatch):
         fn = functools.partial(xla_ragged_paged_attention, sm_scale=1.0, query_width=width)
         return _targets(fn, q, k, k, tables, cu, kv)
 
-    assert "jaxinfer_paged_attention_f32" in text(1)  # decode: the kernel
-    assert "jaxinfer_paged_attention_f32" in text(None)  # a mixed step's single queries too (runs: XLA's loop)
-    assert "jaxinfer_paged_attention_e4m3" in _targets(
-        functools.partial(xla_ragged_paged_attention, sm_scale=1.0, query_width=1), q, k.astype(jnp.int8),
-        k.astype(jnp.int8), tables, cu, kv)
+    assert "jaxinfer_paged_attention_f32" in text(1)  # decode: the short-query kernel
+    mixed = text(None)  # a mixed step (prompts, chunks, decodes): the ragged kernel, whole
+    assert "jaxinfer_ragged_attention_f32" in mixed and "jaxinfer_paged_attention" not in mixed
+    for width in (1, None):
+        assert "_e4m3" in _targets(
+            functools.partial(xla_ragged_paged_attention, sm_scale=1.0, query_width=width), q, k.astype(jnp.int8),
+            k.astype(jnp.int8), tables, cu, kv)
     monkeypatch.setenv(build.ENV_SWITCH, "0")
-    assert "jaxinfer_paged_attention" not in text(1)
+    assert "jaxinfer_paged_attention" not in text(1) and "jaxinfer_ragged_attention" not in text(None)
+
+
+# ------------------------------------------------------------------ ragged attention of whole steps
+RAGGED_CASES = [  # q_lens (0: a padding slot), kv_lens, hq, hkv, d, bs, window, padding tokens
+    ([40, 1, 7, 1], [40, 30, 50, 1], 4, 2, 64, 16, None, 3),  # a prompt, decodes, a prefill chunk
+    ([33, 1, 0], [100, 7, 0], 8, 8, 128, 8, 13, 0),  # a window, a padding slot
+    ([70, 5], [70, 90], 32, 1, 16, 4, None, 2),  # 32 heads on one KV head: 8 queries per task
+    ([3, 60], [3, 61], 6, 2, 20, 4, 9, 1),  # head size 20 (no register fast path), a short window
+    ([1, 1, 1], [9, 1, 33], 4, 4, 32, 8, None, 0),  # decodes only
+]
+
+
+def _ragged_case(rng, q_lens, kv_lens, hq, hkv, d, bs, pad, cache_kind):
+    (_, k, v, tables, _, kv), (flat, k_ref, v_ref, _, cu, _) = _paged_case(
+        rng, q_lens=q_lens, kv_lens=kv_lens, hq=hq, hkv=hkv, d=d, bs=bs, num_blocks=80, width=max(q_lens),
+        cache_kind=cache_kind)
+    q = np.concatenate([flat, rng.standard_normal((pad, hq, d), dtype=np.float32)])  # padding tokens past cu[S]
+    return (q, k, v, tables, cu, kv), (q, k_ref, v_ref, tables, cu, kv)
+
+
+@pytest.mark.parametrize("cache_kind", ["f32", "e4m3_bits"])
+@pytest.mark.parametrize("q_lens, kv_lens, hq, hkv, d, bs, window, pad", RAGGED_CASES)
+def test_ragged_attention_matches_the_reference(cache_kind, q_lens, kv_lens, hq, hkv, d, bs, window, pad):
+    rng = np.random.default_rng(sum(kv_lens) * 7 + d + hq)
+    args, ref_args = _ragged_case(rng, q_lens, kv_lens, hq, hkv, d, bs, pad, cache_kind)
+    got = np.asarray(jax.jit(functools.partial(cpu_ffi.ragged_attention, sm_scale=0.3, sliding_window=window))(
+        *map(jnp.asarray, args)))
+    want = np.asarray(ragged_paged_attention_reference(*map(jnp.asarray, ref_args), sm_scale=0.3,
+                                                       sliding_window=window))
+    assert got.shape == args[0].shape and got.dtype == np.float32
+    tol = 2e-5 * max(1.0, float(np.abs(want).max()))  # float32 sums in another order, a polynomial exp
+    real = sum(q_lens)
+    np.testing.assert_allclose(got[:real], want[:real], rtol=2e-5, atol=tol)
+    np.testing.assert_array_equal(got[real:], 0.0)  # padding tokens
+
+
+def test_ragged_attention_scores_far_apart_keep_a_stable_softmax():
+    # scores spanning hundreds (one key dominates, later chunks raise the running maximum): no overflow or NaN
+    rng = np.random.default_rng(5)
+    args, ref_args = _ragged_case(rng, [50], [50], 2, 1, 16, 8, 0, "f32")
+    q, k, v, tables, cu, kv = args
+    q = q * 40.0
+    got = cpu_ffi.ragged_attention(*map(jnp.asarray, (q, k, v, tables, cu, kv)), sm_scale=1.0)
+    want = ragged_paged_attention_reference(*map(jnp.asarray, (q, *ref_args[1:])), sm_scale=1.0)
+    assert np.isfinite(np.asarray(got)).all()
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def test_ragged_attention_threads_agree_with_one_call_per_sequence():
+    rng = np.random.default_rng(4)
+    q_lens, kv_lens = [37, 1, 12, 1, 64], [40, 9, 80, 1, 64]
+    args, _ = _ragged_case(rng, q_lens, kv_lens, 4, 2, 32, 8, 0, "f32")
+    q, k, v, tables, cu, kv = map(jnp.asarray, args)
+    whole = cpu_ffi.ragged_attention(q, k, v, tables, cu, kv, sm_scale=0.2)
+    for s in range(len(q_lens)):
+        lo, hi = int(cu[s]), int(cu[s + 1])
+        one = cpu_ffi.ragged_attention(q[lo:hi], k, v, tables[s:s + 1], jnp.asarray([0, hi - lo], jnp.int32),
+                                       kv[s:s + 1], sm_scale=0.2)
+        np.testing.assert_array_equal(whole[lo:hi], one)
+
+
+def test_ragged_attention_bad_inputs_are_value_errors():
+    q, k = jnp.ones((4, 4, 8), jnp.float32), jnp.ones((5, 4, 2, 8), jnp.float32)
+    t, cu, kv = jnp.zeros((2, 3), jnp.int32), jnp.asarray([0, 2, 4], jnp.int32), jnp.ones(2, jnp.int32)
+    call = functools.partial(cpu_ffi.ragged_attention, sm_scale=1.0)
+    with pytest.raises(ValueError, match="head size"):
+        call(q, jnp.ones((5, 4, 2, 16)), jnp.ones((5, 4, 2, 16)), t, cu, kv)
+    with pytest.raises(ValueError, match="agree on S"):
+        call(q, k, k, t, cu[:2], kv)
+    with pytest.raises(ValueError, match="float32"):
+        call(q.astype(jnp.bfloat16), k, k, t, cu, kv)
+    with pytest.raises(ValueError, match="sliding_window"):
+        call(q, k, k, t, cu, kv, sliding_window=0)

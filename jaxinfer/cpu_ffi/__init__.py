@@ -10,8 +10,9 @@ float32 once, panel by panel, and computes register tiles of outer products (8-b
 ``gemm_amx.cc`` takes those products instead (from ``AMX_MIN_ROWS`` rows), splitting each float32 activation
 exactly into three bfloat16 terms (``JAXINFER_CPU_AMX=0`` keeps ``gemm.cc``).
 ``jaxinfer.linear`` and ``jaxinfer.quantization`` call them on one CPU device (``product``).
-``paged_attention.cc`` computes decode and verification attention straight from the paged cache
-(``jaxinfer.attention`` calls it on the CPU); prompts keep the XLA loop.
+``paged_attention.cc`` computes decode and verification attention straight from the paged cache, and
+``ragged_attention.cc`` every other step (prompts, prefill chunks and the decodes beside them) as flash
+attention in registers (``jaxinfer.attention`` calls them on the CPU).
 
 The sources are compiled on first use with the machine's C++ compiler (``c++`` or ``$CXX``, ``-O3
 -march=native``) into ``~/.cache/jaxinfer/cpu_ffi/<hash>/`` and its handlers registered with XLA
@@ -19,11 +20,11 @@ The sources are compiled on first use with the machine's C++ compiler (``c++`` o
 caller keeps its XLA formulation: same results, slower.
 """
 
-from jaxinfer.cpu_ffi.attention import paged_attention, use_paged_attention
+from jaxinfer.cpu_ffi.attention import paged_attention, ragged_attention, use_paged_attention
 from jaxinfer.cpu_ffi.build import amx_available, available, fingerprint, unavailable_reason
 from jaxinfer.cpu_ffi.ops import (AMX_MIN_ROWS, GEMM_MIN_ROWS, MATVEC_MAX_ROWS, gemm, gemm_amx, kernel_for, matvec,
                                   matvec_reference, product)
 
 __all__ = ["amx_available", "available", "fingerprint", "unavailable_reason", "AMX_MIN_ROWS", "GEMM_MIN_ROWS",
            "MATVEC_MAX_ROWS", "gemm", "gemm_amx", "kernel_for", "matvec", "matvec_reference", "product",
-           "paged_attention", "use_paged_attention"]
+           "paged_attention", "ragged_attention", "use_paged_attention"]

@@ -1,9 +1,12 @@
-"""The JAX-facing side of the C++ paged attention kernel for short query runs (``paged_attention.cc``), and
-when the XLA attention path uses it.
+"""The JAX-facing side of the C++ attention kernels, and when the XLA attention path uses them: short query
+runs (``paged_attention.cc``: decode and verification steps) and whole ragged steps (``ragged_attention.cc``:
+prompts, prefill chunks and the decodes beside them).
 
 Decode steps on the CPU spent most of their attention time gathering each sequence's K/V blocks into a
 contiguous copy before XLA's dot could read them (the 134M Llama at batch 1: ~2 ms of a ~19 ms step); the
-kernel reads the keys and values in place, through the block table.
+kernels read the keys and values in place, through the block table. A 512-token prompt's attention through
+XLA's query-block loop ran at ~38 GFLOP/s (the 134M Llama: 10.6 ms per layer, a quarter of the prefill); the
+ragged kernel computes it as flash attention in registers.
 """
 
 from __future__ import annotations
@@ -51,4 +54,36 @@ def paged_attention(q, k_cache, v_cache, block_tables, q_lens, kv_lens, *, sm_sc
     call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(k_cache.dtype)], jax.ShapeDtypeStruct(q.shape, jnp.float32))
     i32 = jnp.int32
     return call(q, k_cache, v_cache, block_tables.astype(i32), q_lens.astype(i32), kv_lens.astype(i32),
+                sm_scale=np.float32(sm_scale), sliding_window=np.int64(sliding_window or 0))
+
+
+def ragged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale: float,
+                     sliding_window: int | None = None) -> jax.Array:
+    """Attention of a whole ragged step straight from the paged cache (the semantics of
+    ``jaxinfer.attention.xla_ragged_paged_attention``).
+
+    ``q [T, Hq, D]`` float32: sequence s owns tokens ``cu_q_lens[s]:cu_q_lens[s + 1]``, its query j at position
+    ``kv_lens[s] - q_len + j``; caches ``[N, BS, Hkv, D]`` float32, or e4m3 bytes typed int8; ``block_tables
+    [S, MB]``; ``cu_q_lens [S + 1]``; ``kv_lens [S]``. Returns ``[T, Hq, D]`` float32: each query's
+    softmax(q.k * sm_scale).v over the keys it sees (causal, inside ``sliding_window``); zeros for tokens past
+    ``cu_q_lens[S]`` and for a query that sees no key.
+    """
+    if q.ndim != 3 or k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"want q [T, Hq, D] and equal caches [N, BS, Hkv, D], got {q.shape}, {k_cache.shape}"
+                         f" and {v_cache.shape}")
+    num_heads, head_dim = q.shape[1:]
+    if k_cache.shape[3] != head_dim or num_heads % k_cache.shape[2]:
+        raise ValueError(f"q {q.shape} and caches {k_cache.shape} disagree on head size or head groups")
+    num_seqs = block_tables.shape[0] if block_tables.ndim == 2 else -1
+    if num_seqs < 0 or cu_q_lens.shape != (num_seqs + 1,) or kv_lens.shape != (num_seqs,):
+        raise ValueError("block_tables [S, MB], cu_q_lens [S + 1] and kv_lens [S] must agree on S")
+    if jnp.dtype(q.dtype) != jnp.float32 or jnp.dtype(k_cache.dtype) not in _TARGETS:
+        raise ValueError(f"want float32 q and float32 or int8 (e4m3 bytes) caches, got {q.dtype}, {k_cache.dtype}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
+    build.require()
+    target = _TARGETS[jnp.dtype(k_cache.dtype)].replace("paged_attention", "ragged_attention")
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    i32 = jnp.int32
+    return call(q, k_cache, v_cache, block_tables.astype(i32), cu_q_lens.astype(i32), kv_lens.astype(i32),
                 sm_scale=np.float32(sm_scale), sliding_window=np.int64(sliding_window or 0))

@@ -1,5 +1,5 @@
-"""Compile the C++ kernels (``matvec.cc``, ``gemm.cc``, ``gemm_amx.cc``, ``paged_attention.cc``) once per machine into
-one shared library and register their handlers with XLA:CPU.
+"""Compile the C++ kernels (``matvec.cc``, ``gemm.cc``, ``gemm_amx.cc``, ``paged_attention.cc``,
+``ragged_attention.cc``) once per machine into one shared library and register their handlers with XLA:CPU.
 
 The library lives in ``$JAXINFER_CACHE_DIR/cpu_ffi/<hash>/`` (default ``~/.cache/jaxinfer``), the hash
 covering the sources, the compiler command, jaxlib's version and the CPU (``-march=native`` code runs only
@@ -23,11 +23,13 @@ from pathlib import Path
 import jax
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "matvec.cc", HERE / "gemm.cc", HERE / "gemm_amx.cc", HERE / "paged_attention.cc")
+SOURCES = (HERE / "matvec.cc", HERE / "gemm.cc", HERE / "gemm_amx.cc", HERE / "paged_attention.cc",
+           HERE / "ragged_attention.cc")
 HEADERS = (HERE / "kernel_common.h",)
 TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3", "jaxinfer_gemm_f32",
            "jaxinfer_gemm_int8", "jaxinfer_gemm_e4m3", "jaxinfer_gemm_amx_int8", "jaxinfer_gemm_amx_e4m3",
-           "jaxinfer_paged_attention_f32", "jaxinfer_paged_attention_e4m3")
+           "jaxinfer_paged_attention_f32", "jaxinfer_paged_attention_e4m3", "jaxinfer_ragged_attention_f32",
+           "jaxinfer_ragged_attention_e4m3")
 ENV_SWITCH = "JAXINFER_CPU_KERNELS"
 AMX_SWITCH = "JAXINFER_CPU_AMX"
 
