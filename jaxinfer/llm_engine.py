@@ -1,13 +1,12 @@
 """LLMEngine: requests in, RequestOutputs out; one ``step()`` = schedule -> run -> postprocess.
 
-Every request is validated completely in ``add_request`` before anything is queued, so a bad request is
-refused with a ``ValueError`` and the engine keeps serving everyone else. A request with ``n > 1`` becomes
-``n`` sequences that share its prompt.
+Every request is validated completely in ``add_request`` before anything is queued (``jaxinfer.request_io``),
+so a bad request is refused with a ``ValueError`` and the engine keeps serving everyone else. A request with
+``n > 1`` becomes ``n`` sequences that share its prompt.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -15,10 +14,9 @@ import warnings
 from typing import Any, Iterable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import host_allocator, multihost, quant_setup
+from jaxinfer import host_allocator, multihost, quant_setup, request_io
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
 from jaxinfer.compile_monitor import CompileWatch
@@ -26,7 +24,7 @@ from jaxinfer.engine_config import EngineConfig
 from jaxinfer.executables import warm_up
 from jaxinfer.kv_cache import kv_cache_bytes_per_block
 from jaxinfer.model_source import load_model, resolve_dtype
-from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from jaxinfer.outputs import RequestMetrics, RequestOutput
 from jaxinfer.runner import ModelRunner
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import Scheduler, SchedulerConfig
@@ -34,28 +32,13 @@ from jaxinfer.shape_plan import ShapePlan
 from jaxinfer.draft_proposer import DraftProposer
 from jaxinfer.multistep import burst_length
 from jaxinfer.ngram_proposer import propose_ngram
-from jaxinfer.sequence import Sequence, SequenceStatus
+from jaxinfer.sequence import Sequence
 from jaxinfer.spec_config import SpeculativeConfig
 from jaxinfer.spec_controller import SpecController
-from jaxinfer.tokenizer import IncrementalDetokenizer, check_stop
+from jaxinfer.tokenizer import IncrementalDetokenizer
 
 DEFAULT_CPU_KV_BYTES = 2 << 30
 logger = logging.getLogger("jaxinfer")
-
-
-@dataclasses.dataclass
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    metrics: RequestMetrics
-    aborted: bool = False
-
-    @property
-    def finished(self) -> bool:
-        return all(s.is_finished for s in self.seqs)
 
 
 class LLMEngine:
@@ -110,6 +93,8 @@ class LLMEngine:
         self.query_width = 1 + spec.num_speculative_tokens if spec is not None else None
         # EOS and stop ids are banned until min_tokens: a fixed-width matrix (one compiled shape)
         self.banned_width = max(16, -(-(len(self.eos_token_ids) + 8) // 8) * 8)
+        self._limits = request_io.RequestLimits(cfg.vocab_size, self.max_model_len, self.eos_token_ids,
+                                                self.banned_width, self.tokenizer)
         self._cache = self._executable_cache()
         self._runner_kwargs = dict(num_blocks=self.num_blocks, block_size=config.block_size, sharding=self.sharding_plan,
                                    max_model_len=self.max_model_len, kv_dtype=self.kv_dtype, attention_backend=backend,
@@ -121,7 +106,7 @@ class LLMEngine:
             **self._runner_kwargs,
         )
         self._setup_speculation(spec)
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, request_io.EngineRequest] = {}
         self._seq_ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
         self.num_steps = 0
@@ -233,67 +218,11 @@ class LLMEngine:
     # ------------------------------------------------------------- validation
     def process_prompt(self, prompt: Any) -> tuple[str | None, list[int]]:
         """Turn a prompt (str, {"prompt": str} or {"prompt_token_ids": [...]}) into (text, ids), validated."""
-        if isinstance(prompt, dict):
-            unknown = set(prompt) - {"prompt", "prompt_token_ids"}
-            if unknown or len(prompt) != 1:
-                raise ValueError(
-                    f"a dict prompt must have exactly one of 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}"
-                )
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                ids = prompt["prompt_token_ids"]
-                if isinstance(ids, np.ndarray):
-                    ids = ids.tolist()
-                if not isinstance(ids, (list, tuple)) or not all(
-                    isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids
-                ):
-                    raise ValueError("prompt_token_ids must be a list of ints")
-                ids = [int(i) for i in ids]
-                self._check_ids(ids)
-                return None, ids
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(
-                    "this model has no tokenizer (no tokenizer.json): pass {'prompt_token_ids': [...]} instead of text"
-                )
-            ids = self.tokenizer.encode(prompt)
-            self._check_ids(ids)
-            return prompt, ids
-        raise ValueError(
-            f"a prompt must be a str, {{'prompt': str}} or {{'prompt_token_ids': list[int]}}, got {type(prompt).__name__}"
-        )
-
-    def _check_ids(self, ids: list[int]) -> None:
-        if not ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = [i for i in ids if i < 0 or i >= vocab]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len} "
-                "(at least one token must be generated)"
-            )
+        return request_io.process_prompt(prompt, self._limits)
 
     def validate_request(self, prompt: Any, params: SamplingParams) -> tuple[str | None, list[int]]:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        text, ids = self.process_prompt(prompt)
-        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len "
-                f"({self.max_model_len})"
-            )
-        if params.min_tokens and len(params.stop_token_ids) + len(self.eos_token_ids) > self.banned_width:
-            raise ValueError(
-                f"with min_tokens, at most {self.banned_width - len(self.eos_token_ids)} stop_token_ids can be "
-                f"banned until min_tokens is reached; got {len(params.stop_token_ids)}"
-            )
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        return text, ids
+        """(text, ids) of a request that can run, or ValueError saying why not (nothing is queued)."""
+        return request_io.validate_request(prompt, params, self._limits)
 
     # ----------------------------------------------------------------- requests
     def add_request(
@@ -324,7 +253,7 @@ class LLMEngine:
                     self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens
                 )
             seqs.append(seq)
-        self._requests[request_id] = _Request(request_id, text, ids, params, seqs, RequestMetrics(arrival))
+        self._requests[request_id] = request_io.EngineRequest(request_id, text, ids, params, seqs, RequestMetrics(arrival))
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -382,7 +311,7 @@ class LLMEngine:
             emitted = self.runner.execute(plan.scheduled, draft_q_for=draft_q)
         self.num_steps += 1
         now = time.monotonic()
-        touched: dict[str, _Request] = {}
+        touched: dict[str, request_io.EngineRequest] = {}
         for s in plan.scheduled:
             seq = s.seq
             req = self._requests[seq.request_id]
@@ -398,7 +327,7 @@ class LLMEngine:
             computed = seq.num_computed_tokens + s.num_new_tokens - s.num_spec_tokens + accepted
             finished = False
             for tok in tokens:
-                finished = self._append_token(seq, tok, now)
+                finished = request_io.append_token(seq, tok, now, self.eos_token_ids, self.max_model_len)
                 if finished:
                     break
             self.scheduler.commit_computed(seq, min(computed, seq.num_tokens))
@@ -428,7 +357,7 @@ class LLMEngine:
             if req.finished:
                 req.metrics.finished_time = now
                 self._requests.pop(req.request_id, None)
-            outputs.append(self._make_output(req))
+            outputs.append(request_io.make_output(req))
         return outputs
 
     def _propose(self) -> int:
@@ -462,69 +391,6 @@ class LLMEngine:
             for q, kq in zip(seqs, ks):
                 q.spec_token_ids = propose_ngram(q.token_ids, kq, self.spec_min_n, self.spec_max_n)
         return sum(len(q.spec_token_ids) for q in seqs)
-
-    def _append_token(self, seq: Sequence, tok, now: float) -> bool:
-        """Append one emitted token, apply the stop conditions; True when the sequence finished."""
-        p = seq.params
-        seq.token_ids.append(tok.token_id)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        seq.cumulative_logprob += tok.logprob
-        if p.logprobs is not None:
-            entry = {tok.token_id: tok.logprob}
-            entry.update({k: v for k, v in tok.top_logprobs.items() if k != tok.token_id})
-            seq.logprobs.append(entry)
-        new_text = ""
-        if seq.detokenizer is not None:
-            new_text = seq.detokenizer.append([tok.token_id])
-            seq.text += new_text
-        n_out = seq.num_output_tokens
-        reason = stop_reason = None
-        if n_out >= p.min_tokens:
-            if not p.ignore_eos and tok.token_id in self.eos_token_ids:
-                reason = "stop"
-            elif tok.token_id in p.stop_token_ids:
-                reason, stop_reason = "stop", tok.token_id
-            elif p.stop and new_text:  # only matches that end in the new text (earlier text was checked, or
-                # was generated before min_tokens and must not stop the sequence now)
-                text, matched = check_stop(seq.text, p.stop, p.include_stop_str_in_output, len(new_text))
-                if matched is not None:
-                    seq.text, reason, stop_reason = text, "stop", matched
-        if reason is None and (
-            (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len
-        ):
-            reason = "length"
-        if reason is None:
-            return False
-        if seq.detokenizer is not None and not isinstance(stop_reason, str):
-            seq.text += seq.detokenizer.flush()  # bytes held back for an incomplete character
-        seq.finish_reason, seq.stop_reason = reason, stop_reason
-        seq.finished_time = now
-        return True
-
-    def _make_output(self, req: _Request) -> RequestOutput:
-        completions = [
-            CompletionOutput(
-                index=s.sample_index,
-                text=s.text,
-                token_ids=list(s.output_token_ids),
-                logprobs=list(s.logprobs) if req.params.logprobs is not None else None,
-                finish_reason=s.finish_reason,
-                stop_reason=s.stop_reason,
-                cumulative_logprob=s.cumulative_logprob,
-            )
-            for s in req.seqs
-        ]
-        req.metrics.num_cached_tokens = req.seqs[0].num_cached_tokens
-        return RequestOutput(
-            request_id=req.request_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=completions,
-            finished=req.finished,
-            metrics=req.metrics,
-            num_cached_tokens=req.metrics.num_cached_tokens,
-        )
 
     def _runners(self) -> list:
         return [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])

@@ -34,7 +34,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from pallas_kernels import quant_common as qc
 
@@ -78,22 +77,8 @@ def _fp8_matmul_kernel(x_ref, w_ref, x_scale_ref, w_scale_ref, out_ref, *, cfg: 
 
 
 def _fp8_matmul_call(xq, w_q, x_scale, w_scale, *, cfg: _KernelConfig, out_dtype, interpret: bool):
-    t = cfg.tiles
-    if t.split_k == 1:
-        out_shape = jax.ShapeDtypeStruct((cfg.m, cfg.n), out_dtype)
-    else:
-        out_shape = jax.ShapeDtypeStruct((t.split_k, cfg.m, cfg.n), jnp.float32)
-    out = pl.pallas_call(
-        functools.partial(_fp8_matmul_kernel, cfg=cfg),
-        out_shape=out_shape,
-        grid=(qc.cdiv(cfg.m, t.block_m), qc.cdiv(cfg.n, t.block_n), t.split_k),
-        compiler_params=plt.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
-        interpret=interpret,
-        name="fp8_matmul",
-    )(xq, w_q, x_scale, w_scale)
-    if t.split_k == 1:
-        return out
-    return jnp.sum(out, axis=0).astype(out_dtype)
+    return qc.tiled_matmul_call(functools.partial(_fp8_matmul_kernel, cfg=cfg), (xq, w_q, x_scale, w_scale), m=cfg.m, n=cfg.n, tiles=cfg.tiles,
+                                out_dtype=out_dtype, interpret=interpret, name="fp8_matmul")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -288,3 +288,24 @@ def split_k_range(split, k_steps: int, split_k: int):
     per_split = cdiv(k_steps, split_k)
     lo = split * per_split
     return lo, jnp.minimum(lo + per_split, k_steps)
+
+
+def tiled_matmul_call(kernel, operands, *, m: int, n: int, tiles: GemmTiles, out_dtype, interpret: bool, name: str):
+    """Run ``kernel`` (one program per ``block_m x block_n`` output tile and K split) over ``operands``: the
+    ``[M, N]`` result in ``out_dtype``, the K splits' float32 partial sums added here when ``split_k > 1``."""
+    t = tiles
+    if t.split_k == 1:
+        out_shape = jax.ShapeDtypeStruct((m, n), out_dtype)
+    else:
+        out_shape = jax.ShapeDtypeStruct((t.split_k, m, n), jnp.float32)
+    out = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=(cdiv(m, t.block_m), cdiv(n, t.block_n), t.split_k),
+        compiler_params=plt.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
+        interpret=interpret,
+        name=name,
+    )(*operands)
+    if t.split_k == 1:
+        return out
+    return jnp.sum(out, axis=0).astype(out_dtype)

@@ -28,7 +28,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from pallas_kernels import quant_common as qc
 
@@ -86,24 +85,10 @@ def _w8a16_matmul_kernel(x_ref, w_ref, w_scale_ref, out_ref, *, cfg: _KernelConf
 
 
 def _w8a16_matmul_call(x, w_q, w_scale, *, cfg: _KernelConfig, interpret: bool):
-    t = cfg.tiles
-    if t.split_k == 1:
-        out_shape = jax.ShapeDtypeStruct((cfg.m, cfg.n), x.dtype)
-    else:
-        out_shape = jax.ShapeDtypeStruct((t.split_k, cfg.m, cfg.n), jnp.float32)
     if cfg.weight_kind == "e4m3_bits":
         w_q = jax.lax.bitcast_convert_type(w_q, jnp.uint8)  # same bytes; no fp8 type in the kernel
-    out = pl.pallas_call(
-        functools.partial(_w8a16_matmul_kernel, cfg=cfg),
-        out_shape=out_shape,
-        grid=(qc.cdiv(cfg.m, t.block_m), qc.cdiv(cfg.n, t.block_n), t.split_k),
-        compiler_params=plt.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
-        interpret=interpret,
-        name="w8a16_matmul",
-    )(x, w_q, w_scale)
-    if t.split_k == 1:
-        return out
-    return jnp.sum(out, axis=0).astype(x.dtype)
+    return qc.tiled_matmul_call(functools.partial(_w8a16_matmul_kernel, cfg=cfg), (x, w_q, w_scale), m=cfg.m, n=cfg.n, tiles=cfg.tiles,
+                                out_dtype=x.dtype, interpret=interpret, name="w8a16_matmul")
 
 
 # ----------------------------------------------------------------------------------------------

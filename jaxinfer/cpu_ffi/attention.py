@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxinfer.cpu_ffi import build
 
-_TARGETS = {jnp.dtype(jnp.float32): "jaxinfer_paged_attention_f32", jnp.dtype(jnp.int8): "jaxinfer_paged_attention_e4m3"}
+_TARGETS = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.int8): "e4m3"}  # cache dtype -> handler suffix
 
 
 def use_paged_attention(q_dtype, cache_dtype) -> bool:
@@ -37,24 +37,12 @@ def paged_attention(q, k_cache, v_cache, block_tables, q_lens, kv_lens, *, sm_sc
     softmax(q.k * sm_scale).v over the keys it sees (causal, inside ``sliding_window``); zeros for a query
     that sees none.
     """
-    if q.ndim != 4 or k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"want q [S, W, Hq, D] and equal caches [N, BS, Hkv, D], got {q.shape}, {k_cache.shape}"
-                         f" and {v_cache.shape}")
-    num_seqs, _, num_heads, head_dim = q.shape
-    if k_cache.shape[3] != head_dim or num_heads % k_cache.shape[2]:
-        raise ValueError(f"q {q.shape} and caches {k_cache.shape} disagree on head size or head groups")
+    _check_heads_and_types(q, "[S, W, Hq, D]", k_cache, v_cache, sliding_window)
+    num_seqs = q.shape[0]
     if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs or q_lens.shape != (num_seqs,) \
             or kv_lens.shape != (num_seqs,):
         raise ValueError("block_tables [S, MB], q_lens [S] and kv_lens [S] must match q's S")
-    if jnp.dtype(q.dtype) != jnp.float32 or jnp.dtype(k_cache.dtype) not in _TARGETS:
-        raise ValueError(f"want float32 q and float32 or int8 (e4m3 bytes) caches, got {q.dtype}, {k_cache.dtype}")
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
-    build.require()
-    call = jax.ffi.ffi_call(_TARGETS[jnp.dtype(k_cache.dtype)], jax.ShapeDtypeStruct(q.shape, jnp.float32))
-    i32 = jnp.int32
-    return call(q, k_cache, v_cache, block_tables.astype(i32), q_lens.astype(i32), kv_lens.astype(i32),
-                sm_scale=np.float32(sm_scale), sliding_window=np.int64(sliding_window or 0))
+    return _call("paged_attention", q, k_cache, v_cache, block_tables, q_lens, kv_lens, sm_scale, sliding_window)
 
 
 def ragged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale: float,
@@ -68,22 +56,32 @@ def ragged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, s
     softmax(q.k * sm_scale).v over the keys it sees (causal, inside ``sliding_window``); zeros for tokens past
     ``cu_q_lens[S]`` and for a query that sees no key.
     """
-    if q.ndim != 3 or k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"want q [T, Hq, D] and equal caches [N, BS, Hkv, D], got {q.shape}, {k_cache.shape}"
-                         f" and {v_cache.shape}")
-    num_heads, head_dim = q.shape[1:]
-    if k_cache.shape[3] != head_dim or num_heads % k_cache.shape[2]:
-        raise ValueError(f"q {q.shape} and caches {k_cache.shape} disagree on head size or head groups")
+    _check_heads_and_types(q, "[T, Hq, D]", k_cache, v_cache, sliding_window)
     num_seqs = block_tables.shape[0] if block_tables.ndim == 2 else -1
     if num_seqs < 0 or cu_q_lens.shape != (num_seqs + 1,) or kv_lens.shape != (num_seqs,):
         raise ValueError("block_tables [S, MB], cu_q_lens [S + 1] and kv_lens [S] must agree on S")
+    return _call("ragged_attention", q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window)
+
+
+def _check_heads_and_types(q, q_layout: str, k_cache, v_cache, sliding_window) -> None:
+    """ValueError unless q (heads and head size last) and the caches [N, BS, Hkv, D] fit each other and a kernel."""
+    if q.ndim != q_layout.count(",") + 1 or k_cache.ndim != 4 or k_cache.shape != v_cache.shape \
+            or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"want q {q_layout} and equal caches [N, BS, Hkv, D], got {q.shape}, {k_cache.shape} and "
+                         f"{v_cache.shape}")
+    num_heads, head_dim = q.shape[-2:]
+    if k_cache.shape[3] != head_dim or num_heads % k_cache.shape[2]:
+        raise ValueError(f"q {q.shape} and caches {k_cache.shape} disagree on head size or head groups")
     if jnp.dtype(q.dtype) != jnp.float32 or jnp.dtype(k_cache.dtype) not in _TARGETS:
         raise ValueError(f"want float32 q and float32 or int8 (e4m3 bytes) caches, got {q.dtype}, {k_cache.dtype}")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
+
+
+def _call(kernel: str, q, k_cache, v_cache, block_tables, lens_a, lens_b, sm_scale, sliding_window):
     build.require()
-    target = _TARGETS[jnp.dtype(k_cache.dtype)].replace("paged_attention", "ragged_attention")
+    target = f"jaxinfer_{kernel}_{_TARGETS[jnp.dtype(k_cache.dtype)]}"
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     i32 = jnp.int32
-    return call(q, k_cache, v_cache, block_tables.astype(i32), cu_q_lens.astype(i32), kv_lens.astype(i32),
+    return call(q, k_cache, v_cache, block_tables.astype(i32), lens_a.astype(i32), lens_b.astype(i32),
                 sm_scale=np.float32(sm_scale), sliding_window=np.int64(sliding_window or 0))

@@ -274,13 +274,5 @@ struct AmxE4M3 {};
 
 extern "C" int jaxinfer_amx_available() { return amx_ready() ? 1 : 0; }
 
-#define JAXINFER_AMX_HANDLER(name, fmt)                                                                    \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, ScaledProduct<gemm_amx<fmt>>,                                       \
-                                ffi::Ffi::Bind()                                                           \
-                                    .Ctx<ffi::ThreadPool>()                                                \
-                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
-                                    .Arg<ffi::Buffer<ffi::S8>>()                                           \
-                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
-                                    .Ret<ffi::Buffer<ffi::F32>>())
-JAXINFER_AMX_HANDLER(jaxinfer_gemm_amx_int8, AmxInt8);
-JAXINFER_AMX_HANDLER(jaxinfer_gemm_amx_e4m3, AmxE4M3);
+JAXINFER_SCALED_PRODUCT_HANDLER(jaxinfer_gemm_amx_int8, gemm_amx<AmxInt8>);
+JAXINFER_SCALED_PRODUCT_HANDLER(jaxinfer_gemm_amx_e4m3, gemm_amx<AmxE4M3>);

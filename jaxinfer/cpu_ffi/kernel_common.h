@@ -1,5 +1,5 @@
-// Vector types, 8-bit weight formats and the thread split shared by the C++ CPU kernels
-// (matvec.cc, paged_attention.cc). Included once per translation unit; everything is in an anonymous namespace.
+// Vector types, 8-bit weight formats, the thread split and the FFI handler definitions shared by the C++ CPU
+// kernels (matvec.cc, gemm.cc, gemm_amx.cc, paged_attention.cc, ragged_attention.cc). Included once per translation unit; everything is in an anonymous namespace.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -159,6 +159,16 @@ ffi::Error ScaledProduct(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
 
 }  // namespace
 
+// Defines the handler `name` of a product F(pool, x, w int8-typed, scale, y) (at global scope).
+#define JAXINFER_SCALED_PRODUCT_HANDLER(name, F)                                                           \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, ScaledProduct<F>,                                                    \
+                                ffi::Ffi::Bind()                                                           \
+                                    .Ctx<ffi::ThreadPool>()                                                \
+                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Arg<ffi::Buffer<ffi::S8>>()                                           \
+                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Ret<ffi::Buffer<ffi::F32>>())
+
 // Defines <prefix>_f32, <prefix>_int8 and <prefix>_e4m3 for a product template fn<Fmt> (at global scope).
 #define JAXINFER_PRODUCT_HANDLERS(prefix, fn)                                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(prefix##_f32, UnscaledProduct<fn<F32>>,                                    \
@@ -167,17 +177,21 @@ ffi::Error ScaledProduct(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
                                     .Arg<ffi::Buffer<ffi::F32>>()                                          \
                                     .Arg<ffi::Buffer<ffi::F32>>()                                          \
                                     .Ret<ffi::Buffer<ffi::F32>>());                                        \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(prefix##_int8, ScaledProduct<fn<Int8>>,                                    \
+  JAXINFER_SCALED_PRODUCT_HANDLER(prefix##_int8, fn<Int8>);                                                \
+  JAXINFER_SCALED_PRODUCT_HANDLER(prefix##_e4m3, fn<E4M3>)
+
+// Defines the handler `name` of an attention kernel F(pool, q, k cache, v cache, block tables, two int32 arrays of
+// lengths, out; attributes sm_scale, sliding_window), caches of ffi::DataType `dtype` (at global scope).
+#define JAXINFER_ATTENTION_HANDLER(name, F, dtype)                                                         \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, F,                                                                   \
                                 ffi::Ffi::Bind()                                                           \
                                     .Ctx<ffi::ThreadPool>()                                                \
                                     .Arg<ffi::Buffer<ffi::F32>>()                                          \
-                                    .Arg<ffi::Buffer<ffi::S8>>()                                           \
-                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
-                                    .Ret<ffi::Buffer<ffi::F32>>());                                        \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(prefix##_e4m3, ScaledProduct<fn<E4M3>>,                                    \
-                                ffi::Ffi::Bind()                                                           \
-                                    .Ctx<ffi::ThreadPool>()                                                \
-                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
-                                    .Arg<ffi::Buffer<ffi::S8>>()                                           \
-                                    .Arg<ffi::Buffer<ffi::F32>>()                                          \
-                                    .Ret<ffi::Buffer<ffi::F32>>())
+                                    .Arg<ffi::Buffer<dtype>>()                                             \
+                                    .Arg<ffi::Buffer<dtype>>()                                             \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                                          \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                                          \
+                                    .Arg<ffi::Buffer<ffi::S32>>()                                          \
+                                    .Ret<ffi::Buffer<ffi::F32>>()                                          \
+                                    .Attr<float>("sm_scale")                                               \
+                                    .Attr<int64_t>("sliding_window"))

@@ -150,17 +150,5 @@ ffi::Error PagedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
 
 }  // namespace
 
-#define JAXINFER_ATTENTION(name, fmt, dtype)                                                       \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (PagedAttention<fmt, dtype>), ffi::Ffi::Bind()                 \
-                                                                        .Ctx<ffi::ThreadPool>()     \
-                                                                        .Arg<ffi::Buffer<ffi::F32>>() \
-                                                                        .Arg<ffi::Buffer<dtype>>()  \
-                                                                        .Arg<ffi::Buffer<dtype>>()  \
-                                                                        .Arg<ffi::Buffer<ffi::S32>>() \
-                                                                        .Arg<ffi::Buffer<ffi::S32>>() \
-                                                                        .Arg<ffi::Buffer<ffi::S32>>() \
-                                                                        .Ret<ffi::Buffer<ffi::F32>>() \
-                                                                        .Attr<float>("sm_scale")    \
-                                                                        .Attr<int64_t>("sliding_window"));
-JAXINFER_ATTENTION(jaxinfer_paged_attention_f32, F32, ffi::F32)
-JAXINFER_ATTENTION(jaxinfer_paged_attention_e4m3, E4M3, ffi::S8)
+JAXINFER_ATTENTION_HANDLER(jaxinfer_paged_attention_f32, (PagedAttention<F32, ffi::F32>), ffi::F32);
+JAXINFER_ATTENTION_HANDLER(jaxinfer_paged_attention_e4m3, (PagedAttention<E4M3, ffi::S8>), ffi::S8);

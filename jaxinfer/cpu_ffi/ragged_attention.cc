@@ -242,17 +242,5 @@ ffi::Error RaggedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
 
 }  // namespace
 
-#define JAXINFER_RAGGED_ATTENTION(name, fmt, dtype)                                                  \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (RaggedAttention<fmt, dtype>), ffi::Ffi::Bind()                 \
-                                                                         .Ctx<ffi::ThreadPool>()     \
-                                                                         .Arg<ffi::Buffer<ffi::F32>>() \
-                                                                         .Arg<ffi::Buffer<dtype>>()  \
-                                                                         .Arg<ffi::Buffer<dtype>>()  \
-                                                                         .Arg<ffi::Buffer<ffi::S32>>() \
-                                                                         .Arg<ffi::Buffer<ffi::S32>>() \
-                                                                         .Arg<ffi::Buffer<ffi::S32>>() \
-                                                                         .Ret<ffi::Buffer<ffi::F32>>() \
-                                                                         .Attr<float>("sm_scale")    \
-                                                                         .Attr<int64_t>("sliding_window"));
-JAXINFER_RAGGED_ATTENTION(jaxinfer_ragged_attention_f32, F32, ffi::F32)
-JAXINFER_RAGGED_ATTENTION(jaxinfer_ragged_attention_e4m3, E4M3, ffi::S8)
+JAXINFER_ATTENTION_HANDLER(jaxinfer_ragged_attention_f32, (RaggedAttention<F32, ffi::F32>), ffi::F32);
+JAXINFER_ATTENTION_HANDLER(jaxinfer_ragged_attention_e4m3, (RaggedAttention<E4M3, ffi::S8>), ffi::S8);

@@ -123,46 +123,40 @@ class OpenAIServing:
         done: set[tuple[int, int]] = set()
         n_prompt: dict[int, int] = {}
         n_out: dict[tuple[int, int], int] = {}
+
+        def choices(item):
+            i, out = item
+            n_prompt[i] = len(out.prompt_token_ids)
+            for c in out.outputs:
+                key = (i, c.index)
+                if key in done:
+                    continue
+                tracker = deltas.get(key)
+                prefix = ""
+                if tracker is None:
+                    tracker = deltas[key] = CompletionDeltas(params.stop)
+                    if req.echo:
+                        prefix = self._prompt_text(validated[i][0], out.prompt_token_ids)
+                    offsets[key] = len(prefix)
+                text, ids, logprobs = tracker.next(c)
+                if not (prefix or text or ids or c.finish_reason):
+                    continue
+                n_out[key] = len(c.token_ids)
+                choice = {"index": i * params.n + c.index, "text": prefix + text,
+                          "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                if req.logprobs is not None:
+                    choice["logprobs"] = self._completion_logprobs(ids, logprobs, offsets[key])
+                    offsets[key] += sum(len(t) for t in choice["logprobs"]["tokens"])
+                if req.return_token_ids:
+                    choice["token_ids"] = ids
+                if c.finish_reason is not None:
+                    done.add(key)
+                yield choice
+
         base = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
-        usage_field = {"usage": None} if req.include_usage else {}
-        try:
-            item = first
-            while item is not None:
-                i, out = item
-                n_prompt[i] = len(out.prompt_token_ids)
-                for c in out.outputs:
-                    key = (i, c.index)
-                    if key in done:
-                        continue
-                    tracker = deltas.get(key)
-                    prefix = ""
-                    if tracker is None:
-                        tracker = deltas[key] = CompletionDeltas(params.stop)
-                        if req.echo:
-                            prefix = self._prompt_text(validated[i][0], out.prompt_token_ids)
-                        offsets[key] = len(prefix)
-                    text, ids, logprobs = tracker.next(c)
-                    if not (prefix or text or ids or c.finish_reason):
-                        continue
-                    n_out[key] = len(c.token_ids)
-                    choice = {"index": i * params.n + c.index, "text": prefix + text,
-                              "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-                    if req.logprobs is not None:
-                        choice["logprobs"] = self._completion_logprobs(ids, logprobs, offsets[key])
-                        offsets[key] += sum(len(t) for t in choice["logprobs"]["tokens"])
-                    if req.return_token_ids:
-                        choice["token_ids"] = ids
-                    if c.finish_reason is not None:
-                        done.add(key)
-                    yield sse({**base, "choices": [choice], **usage_field})
-                item = await anext_or_none(merged)
-        except (EngineDeadError, ValueError) as exc:
-            yield sse(engine_error(exc).body())
-        finally:
-            await merged.aclose()
-        if req.include_usage:
-            yield sse({**base, "choices": [], "usage": _usage(sum(n_prompt.values()), sum(n_out.values()))})
-        yield "data: [DONE]\n\n"
+        async for event in _sse_stream(req, base, merged, first, choices,
+                                       lambda: _usage(sum(n_prompt.values()), sum(n_out.values()))):
+            yield event
 
     def _completion_logprobs(self, token_ids: list[int], logprobs: list[dict] | None, offset: int) -> dict:
         tokens, token_lps, tops, offsets = [], [], [], []
@@ -215,40 +209,33 @@ class OpenAIServing:
                 "usage": _usage(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs))}
 
     async def _stream_chat(self, req, params, rid, created, merged, first, top) -> AsyncIterator[str]:
-        base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
-        usage_field = {"usage": None} if req.include_usage else {}
         deltas = {i: CompletionDeltas(params.stop) for i in range(params.n)}
         done: set[int] = set()
         n_prompt, n_out = len(first[1].prompt_token_ids), {}
-        try:
-            for i in range(params.n):
-                yield sse({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None}], **usage_field})
-            item = first
-            while item is not None:
-                for c in item[1].outputs:
-                    if c.index in done:
-                        continue
-                    text, ids, logprobs = deltas[c.index].next(c)
-                    if not (text or ids or c.finish_reason):
-                        continue
-                    n_out[c.index] = len(c.token_ids)
-                    choice = {"index": c.index, "delta": {"content": text} if text else {},
-                              "logprobs": {"content": self._chat_logprobs(ids, logprobs, top)} if req.logprobs
-                              else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-                    if req.return_token_ids:
-                        choice["token_ids"] = ids
-                    if c.finish_reason is not None:
-                        done.add(c.index)
-                    yield sse({**base, "choices": [choice], **usage_field})
-                item = await anext_or_none(merged)
-        except (EngineDeadError, ValueError) as exc:
-            yield sse(engine_error(exc).body())
-        finally:
-            await merged.aclose()
-        if req.include_usage:
-            yield sse({**base, "choices": [], "usage": _usage(n_prompt, sum(n_out.values()))})
-        yield "data: [DONE]\n\n"
+
+        def choices(item):
+            for c in item[1].outputs:
+                if c.index in done:
+                    continue
+                text, ids, logprobs = deltas[c.index].next(c)
+                if not (text or ids or c.finish_reason):
+                    continue
+                n_out[c.index] = len(c.token_ids)
+                choice = {"index": c.index, "delta": {"content": text} if text else {},
+                          "logprobs": {"content": self._chat_logprobs(ids, logprobs, top)} if req.logprobs
+                          else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                if req.return_token_ids:
+                    choice["token_ids"] = ids
+                if c.finish_reason is not None:
+                    done.add(c.index)
+                yield choice
+
+        base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
+        opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                   for i in range(params.n)]
+        async for event in _sse_stream(req, base, merged, first, choices,
+                                       lambda: _usage(n_prompt, sum(n_out.values())), opening):
+            yield event
 
     def _chat_logprobs(self, token_ids: list[int], logprobs: list[dict] | None, top: int) -> list[dict]:
         content = []
@@ -263,6 +250,28 @@ class OpenAIServing:
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
+
+async def _sse_stream(req, base: dict, merged, first, choices, usage, opening=()) -> AsyncIterator[str]:
+    """The server-sent events of a stream: the ``opening`` choices, then one chunk per choice that
+    ``choices(item)`` yields for each merged engine output (``first``, then ``merged``'s), an engine error as a
+    final error event, the usage chunk if asked for (``usage()``), and ``[DONE]``."""
+    usage_field = {"usage": None} if req.include_usage else {}
+    try:
+        for choice in opening:
+            yield sse({**base, "choices": [choice], **usage_field})
+        item = first
+        while item is not None:
+            for choice in choices(item):
+                yield sse({**base, "choices": [choice], **usage_field})
+            item = await anext_or_none(merged)
+    except (EngineDeadError, ValueError) as exc:
+        yield sse(engine_error(exc).body())
+    finally:
+        await merged.aclose()
+    if req.include_usage:
+        yield sse({**base, "choices": [], "usage": usage()})
+    yield "data: [DONE]\n\n"
+
 def _usage(prompt: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
