@@ -13,8 +13,8 @@ bounds), so a block table padded to its full width costs nothing:
   ``jaxinfer.cpu_ffi`` instead, which reads the blocks in place);
 * longer runs (prompts, prefill chunks) — ``_attend_query_blocks``: a work list of query blocks, each up to
   ``q_block`` consecutive queries of one sequence, against that sequence's keys in blocks of ``k_block`` (on
-  the CPU, the C++ kernel ``cpu_ffi.ragged_attention`` takes such mixed steps whole, flash attention in
-  registers: ~3x the loop on a 512-token prompt).
+  the CPU, the C++ kernel ``cpu_ffi.ragged_attention``, flash attention in registers: ~3x the loop on a
+  512-token prompt).
 
 The static ``query_width`` says which a step needs: ``W >= 1`` promises that no sequence has more than W
 queries (a decode or verification step: the short loop only); ``None`` is a mixed step (single-query slots
@@ -222,8 +222,8 @@ def xla_ragged_paged_attention(
     ``query_width`` (static): W >= 1 promises that no sequence has more than W queries (decode: 1;
     verification of k drafts: 1 + k): one short-query loop serves every slot. None: any run lengths;
     single-query slots take the short-query loop, longer runs the query-block loop.
-    ``cpu_kernel``: whether the C++ kernels take the step (None: on the CPU when they are available): short query
-    runs ``cpu_ffi.paged_attention``, any other step ``cpu_ffi.ragged_attention``.
+    ``cpu_kernel``: whether the C++ kernels take the step (None: on the CPU when they are available): single
+    queries and short query runs ``cpu_ffi.paged_attention``, longer runs ``cpu_ffi.ragged_attention``.
     """
     num_tokens = q_TNH.shape[0]
     num_seqs = kv_lens.shape[0]
@@ -239,18 +239,18 @@ def xla_ragged_paged_attention(
                                      width=query_width, **short)
         out = tile[s, jnp.clip(idx, 0, query_width - 1)]
         return jnp.where(real[:, None, None], out, 0.0).astype(q_TNH.dtype)
-    if cpu_kernel is None:
-        cpu_kernel = cpu_ffi.use_paged_attention(q_TNH.dtype, k_cache.dtype)
-    if cpu_kernel:  # the whole ragged step in one C++ call (prompts, chunks and the decodes beside them)
-        out = cpu_ffi.ragged_attention(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=sm_scale,
-                                       sliding_window=sliding_window)
-        return out.astype(q_TNH.dtype)
     single = q_lens == 1
     decodes = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, cu_q_lens[:-1],
                                     single.astype(jnp.int32), jnp.where(single, kv_lens, 0), width=1, **short)
-    runs = _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_lens, kv_lens,
-                                sm_scale=sm_scale, sliding_window=sliding_window, q_block=prefill_q_block,
-                                k_block=prefill_k_block)
+    if cpu_kernel is None:
+        cpu_kernel = cpu_ffi.use_paged_attention(q_TNH.dtype, k_cache.dtype)
+    if cpu_kernel:  # the runs by the C++ kernel; single queries see no key there (kv_len 0: a query at -1)
+        runs = cpu_ffi.ragged_attention(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, jnp.where(single, 0, kv_lens),
+                                        sm_scale=sm_scale, sliding_window=sliding_window)
+    else:
+        runs = _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_lens, kv_lens,
+                                    sm_scale=sm_scale, sliding_window=sliding_window, q_block=prefill_q_block,
+                                    k_block=prefill_k_block)
     out = jnp.where(single[s][:, None, None], decodes[s, 0], runs)
     return jnp.where(real[:, None, None], out, 0.0).astype(q_TNH.dtype)
 

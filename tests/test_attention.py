@@ -1,7 +1,7 @@
 """The XLA attention path against the kernel module's plain-jnp reference, on mixed prefill/decode batches,
 with block tables padded to their full width (as the engine lays them out). Every case is checked both ways:
-by the XLA loops and by the C++ kernels the CPU uses (``cpu_kernel``: short query runs by the paged attention
-kernel, mixed steps by the ragged attention kernel)."""
+by the XLA loops and by the C++ kernels the CPU uses (``cpu_kernel``: single queries and short query runs by the
+paged attention kernel, longer runs by the ragged attention kernel)."""
 
 from __future__ import annotations
 

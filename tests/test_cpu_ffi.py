@@ -265,8 +265,8 @@ def test_cpu_attention_uses_the_kernels_for_every_step(monkeypatch):
         return _targets(fn, q, k, k, tables, cu, kv)
 
     assert "jaxinfer_paged_attention_f32" in text(1)  # decode: the short-query kernel
-    mixed = text(None)  # a mixed step (prompts, chunks, decodes): the ragged kernel, whole
-    assert "jaxinfer_ragged_attention_f32" in mixed and "jaxinfer_paged_attention" not in mixed
+    mixed = text(None)  # a mixed step: its single queries by the short-query kernel, its runs by the ragged one
+    assert "jaxinfer_ragged_attention_f32" in mixed and "jaxinfer_paged_attention_f32" in mixed
     for width in (1, None):
         assert "_e4m3" in _targets(
             functools.partial(xla_ragged_paged_attention, sm_scale=1.0, query_width=width), q, k.astype(jnp.int8),

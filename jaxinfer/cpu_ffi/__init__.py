@@ -11,8 +11,8 @@ float32 once, panel by panel, and computes register tiles of outer products (8-b
 exactly into three bfloat16 terms (``JAXINFER_CPU_AMX=0`` keeps ``gemm.cc``).
 ``jaxinfer.linear`` and ``jaxinfer.quantization`` call them on one CPU device (``product``).
 ``paged_attention.cc`` computes decode and verification attention straight from the paged cache, and
-``ragged_attention.cc`` every other step (prompts, prefill chunks and the decodes beside them) as flash
-attention in registers (``jaxinfer.attention`` calls them on the CPU).
+``ragged_attention.cc`` the longer query runs (prompts, prefill chunks) as flash attention in registers
+(``jaxinfer.attention`` calls them on the CPU).
 
 The sources are compiled on first use with the machine's C++ compiler (``c++`` or ``$CXX``, ``-O3
 -march=native``) into ``~/.cache/jaxinfer/cpu_ffi/<hash>/`` and its handlers registered with XLA

@@ -1,6 +1,6 @@
 """The JAX-facing side of the C++ attention kernels, and when the XLA attention path uses them: short query
-runs (``paged_attention.cc``: decode and verification steps) and whole ragged steps (``ragged_attention.cc``:
-prompts, prefill chunks and the decodes beside them).
+runs (``paged_attention.cc``: decodes and verification) and longer ones (``ragged_attention.cc``: prompts and
+prefill chunks).
 
 Decode steps on the CPU spent most of their attention time gathering each sequence's K/V blocks into a
 contiguous copy before XLA's dot could read them (the 134M Llama at batch 1: ~2 ms of a ~19 ms step); the

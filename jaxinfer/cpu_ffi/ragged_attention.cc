@@ -1,4 +1,4 @@
-// Ragged paged attention of whole steps for XLA:CPU (prompts, prefill chunks and the decodes beside them),
+// Ragged paged attention of whole steps for XLA:CPU (the engine sends it the prompts and prefill chunks),
 // called through jax.ffi (see jaxinfer/cpu_ffi/__init__.py).
 //
 //   jaxinfer_ragged_attention_f32    float32 K/V caches
