@@ -215,8 +215,12 @@ ffi::Error RaggedAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
     const int64_t start = std::min<int64_t>(std::max(cu[s], 0), g.T);
     const int64_t len = std::min<int64_t>(std::max(cu[s + 1], cu[s]), g.T) - start;
     const int64_t per_task = g.queries_per_task();
-    for (int64_t offset = 0; offset < len; offset += per_task)
-      for (int64_t h = 0; h < g.Hkv; ++h) tasks.push_back({s, h, offset, std::min(per_task, len - offset)});
+    for (int64_t offset = 0; offset < len; offset += per_task) {
+      const int64_t n = std::min(per_task, len - offset);
+      const int64_t q_len = std::max(cu[s + 1], cu[s]) - cu[s];
+      if (static_cast<int64_t>(kl[s]) - q_len + offset + n - 1 < 0) continue;  // no query sees a key: zeros
+      for (int64_t h = 0; h < g.Hkv; ++h) tasks.push_back({s, h, offset, n});
+    }
   }
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t per_chunk = std::max<int64_t>(1, static_cast<int64_t>(tasks.size()) / (8 * threads));
