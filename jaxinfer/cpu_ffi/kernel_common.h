@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -82,6 +83,28 @@ struct E4M3 {
   }
   static float one(int8_t v) { return e4m3_to_float(v); }
 };
+
+// The D floats of one cached row: the row itself (float32) or its decoded copy in buf (8-bit formats).
+template <class Fmt>
+inline const float* as_floats(const typename Fmt::T* row, int64_t D, float* buf) {
+  if constexpr (std::is_same_v<Fmt, F32>) {
+    return row;
+  } else {
+    const int64_t d_vec = D / kLanes * kLanes;
+    for (int64_t d = 0; d < d_vec; d += kLanes) *reinterpret_cast<f32v*>(buf + d) = Fmt::load(row + d);
+    for (int64_t d = d_vec; d < D; ++d) buf[d] = Fmt::one(row[d]);
+    return buf;
+  }
+}
+
+// Position t of a sequence (block table `table`) for KV head h in a paged cache [num_blocks, BS, Hkv, D], as
+// floats (as_floats); a block id outside the cache is clamped, as XLA's gather clamps it.
+template <class Fmt>
+inline const float* cached_floats(const typename Fmt::T* cache, const int32_t* table, int64_t num_blocks, int64_t BS,
+                                  int64_t Hkv, int64_t D, int64_t h, int64_t t, float* buf) {
+  const int64_t block = std::min(std::max<int64_t>(table[t / BS], 0), num_blocks - 1);
+  return as_floats<Fmt>(cache + ((block * BS + t % BS) * Hkv + h) * D, D, buf);
+}
 
 inline float lane_sum(f32v v) {
 #if defined(__AVX512F__)

@@ -16,7 +16,6 @@
 // between the first any row sees and the last are read. Tasks are split over the caller and XLA's threads.
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "kernel_common.h"
@@ -26,19 +25,6 @@ namespace {
 struct Shapes {
   int64_t S, W, Hq, D, num_blocks, BS, Hkv, MB, group;
 };
-
-// The D floats of one cached row: the row itself (float32) or its decoded copy in buf (8-bit formats).
-template <class Fmt>
-inline const float* as_floats(const typename Fmt::T* row, int64_t D, float* buf) {
-  if constexpr (std::is_same_v<Fmt, F32>) {
-    return row;
-  } else {
-    const int64_t d_vec = D / kLanes * kLanes;
-    for (int64_t d = 0; d < d_vec; d += kLanes) *reinterpret_cast<f32v*>(buf + d) = Fmt::load(row + d);
-    for (int64_t d = d_vec; d < D; ++d) buf[d] = Fmt::one(row[d]);
-    return buf;
-  }
-}
 
 inline float dot(const float* a, const float* b, int64_t D) {
   const int64_t d_vec = D / kLanes * kLanes;
@@ -80,9 +66,7 @@ void attend(const Shapes& sh, int64_t s, int64_t h, const float* q, const typena
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<float> scores(rows * n), buf(D);
   auto cached_row = [&](const typename Fmt::T* cache, int64_t t) {
-    int64_t block = tables[s * sh.MB + t / sh.BS];
-    block = std::min(std::max<int64_t>(block, 0), sh.num_blocks - 1);  // XLA's gather clamps too
-    return as_floats<Fmt>(cache + ((block * sh.BS + t % sh.BS) * sh.Hkv + h) * D, D, buf.data());
+    return cached_floats<Fmt>(cache, tables + s * sh.MB, sh.num_blocks, sh.BS, sh.Hkv, D, h, t, buf.data());
   };
   for (int64_t t = lo; t <= hi; ++t) {
     const float* key = cached_row(k_cache, t);

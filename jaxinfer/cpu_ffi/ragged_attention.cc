@@ -59,23 +59,6 @@ inline f32v exp_lanes(f32v x) {
   return x < -87.0f ? f32v{} : e;
 }
 
-// Cached row t of sequence s, KV head h: in place (float32) or decoded into buf (8-bit formats).
-template <class Fmt>
-inline const float* cached_row(const Geometry& g, const typename Fmt::T* cache, const int32_t* table, int64_t h,
-                               int64_t t, float* buf) {
-  int64_t block = table[t / g.BS];
-  block = std::min(std::max<int64_t>(block, 0), g.num_blocks - 1);  // XLA's gather clamps too
-  const typename Fmt::T* row = cache + ((block * g.BS + t % g.BS) * g.Hkv + h) * g.D;
-  if constexpr (std::is_same_v<Fmt, F32>) {
-    return row;
-  } else {
-    const int64_t d_vec = g.D / kLanes * kLanes;
-    for (int64_t d = 0; d < d_vec; d += kLanes) *reinterpret_cast<f32v*>(buf + d) = Fmt::load(row + d);
-    for (int64_t d = d_vec; d < g.D; ++d) buf[d] = Fmt::one(row[d]);
-    return buf;
-  }
-}
-
 struct Scratch {  // per thread, reused across tasks
   int64_t padded_rows;
   std::vector<float> qt, acc, keys, values, zeros;
@@ -142,8 +125,8 @@ void attend_block(const Geometry& g, int64_t s, int64_t h, int64_t offset, int64
   for (int64_t c0 = lo; c0 <= hi; c0 += kKeys) {
     const int64_t nk = std::min(kKeys, hi - c0 + 1);
     for (int64_t k = 0; k < kKeys; ++k) {
-      key_rows[k] = k < nk ? cached_row<Fmt>(g, k_cache, table, h, c0 + k, w.keys.data() + k * D) : w.zeros.data();
-      value_rows[k] = k < nk ? cached_row<Fmt>(g, v_cache, table, h, c0 + k, w.values.data() + k * D) : w.zeros.data();
+      key_rows[k] = k < nk ? cached_floats<Fmt>(k_cache, table, g.num_blocks, g.BS, g.Hkv, D, h, c0 + k, w.keys.data() + k * D) : w.zeros.data();
+      value_rows[k] = k < nk ? cached_floats<Fmt>(v_cache, table, g.num_blocks, g.BS, g.Hkv, D, h, c0 + k, w.values.data() + k * D) : w.zeros.data();
     }
     for (int64_t v = 0; v < vecs; ++v) {
       f32v sc[kKeys];
