@@ -29,8 +29,8 @@ from jaxinfer.cpu_ffi import build
 # activations split exactly into three terms), measured per call on the same Xeon (min of 40, ms, int8,
 # [K, N] = 768x768 / 768x2048 / 2048x768): 16 rows AMX 0.081 / 0.263 / 0.221 vs matvec 0.095 / 0.248 / 0.244;
 # 32 rows 0.118 / 0.298 / 0.279 vs matvec 0.175 / 0.466 / 0.487; 512 rows 1.23 / 2.14 / 2.57 vs XLA's float32
-# dot 2.04 / 5.44 / 5.67 (1.7-2.5x; the gemm kernel is ~0.85x XLA there). In the model (quant bench) a
-# 512-token prefill went 470 -> 342 ms with int8 weights (float32 498 ms in that run).
+# dot 2.04 / 5.44 / 5.67 (1.7-2.5x; the gemm kernel is ~0.85x XLA there). In the model (quant bench,
+# bench/results/cpu-2026-12-01-session9) a 512-token prefill takes 256 ms with int8 weights, 425 with float32.
 MATVEC_MAX_ROWS = {"f32": 16, "int8": 16, "e4m3_bits": 16}
 GEMM_MIN_ROWS = {"f32": float("inf"), "int8": 17, "e4m3_bits": 17}
 AMX_MIN_ROWS = {"f32": float("inf"), "int8": 17, "e4m3_bits": 17}
