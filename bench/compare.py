@@ -3,7 +3,7 @@
 Runners (``--baselines`` picks the ones besides jaxinfer; default per platform, see ``DEFAULT_BASELINES``):
 
 - ``jaxinfer``: ``LLM(...)`` in float32, prefix cache off (no baseline has one), shape plan compiled at start.
-- ``jaxinfer-multistep``: the same with ``num_scheduler_steps=8`` (multi-step decoding, ``jaxinfer.multistep``).
+- ``jaxinfer-multistep``: the same with ``num_scheduler_steps=8`` (multi-step decoding, ``jaxinfer.runner.multistep``).
 - ``hf-eager``: HF transformers ``generate``, eager PyTorch (``bench.hf_baselines``).
 - ``hf-compile``: the same with a static KV cache and the decode step through ``torch.compile``.
 - ``llama.cpp-f32`` / ``llama.cpp-q8_0``: llama.cpp via llama-cpp-python on GGUF files written by
@@ -66,7 +66,7 @@ def ensure_hf_checkpoint(path: Path, preset: str = "llama-150m") -> Path:
     import torch
     import transformers
 
-    from jaxinfer.presets import preset_hf_dict
+    from jaxinfer.config.presets import preset_hf_dict
 
     d = preset_hf_dict(preset)
     d.pop("architectures", None)

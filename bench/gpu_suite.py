@@ -80,11 +80,11 @@ TINY_LLAMA = {
 
 
 def write_tiny_model(path: Path, seed: int = 0) -> Path:
-    """A random tiny Llama as an HF directory (tensor names and layouts from ``jaxinfer.weights``)."""
+    """A random tiny Llama as an HF directory (tensor names and layouts from ``jaxinfer.model.weights``)."""
     from safetensors.numpy import save_file
 
-    from jaxinfer.config import ModelConfig
-    from jaxinfer.weights import spec_leaves_with_paths
+    from jaxinfer.config.model import ModelConfig
+    from jaxinfer.model.weights import spec_leaves_with_paths
 
     cfg = ModelConfig.from_hf_dict(TINY_LLAMA)
     rng = np.random.default_rng(seed)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.config import ModelConfig
+from jaxinfer.config.model import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

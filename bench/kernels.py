@@ -7,7 +7,7 @@ reserved, token and sequence counts padded to powers of two, spare pages poisone
 1. **Correctness first.** The Pallas kernel's output is compared with ``ragged_paged_attention_reference``
    (float32, one sequence at a time) on up to ``MAX_CHECKED_SEQS`` of the batch's sequences, and its
    padding rows must be exactly zero. A case outside the dtype's tolerance is marked FAIL and not timed.
-   The XLA path (``jaxinfer.attention.xla_ragged_paged_attention``) is checked the same way.
+   The XLA path (``jaxinfer.model.attention.xla_ragged_paged_attention``) is checked the same way.
 2. **Timing** (GPU only: interpret mode on CPU only checks correctness). Both paths run inside one jitted
    call over several disjoint page sets (so repeated calls do not hit in L2), after a warm-up; the median
    over ``--repeats`` calls, divided by the number of sets, is the time per attention call. Bytes moved
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import hardware, report
-from jaxinfer.attention import xla_ragged_paged_attention
+from jaxinfer.model.attention import xla_ragged_paged_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention, ragged_paged_attention_reference
 
 MAX_CHECKED_SEQS = 8  # sequences of a batch compared against the reference

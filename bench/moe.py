@@ -13,7 +13,7 @@ in the same run) and floor / time. The summary compares MoE over dense at each b
 against the ratio of bytes read (the goal: at batch 1 the speedup within 80% of the bytes ratio; as the batch
 grows the experts touched approach all 8 and both fall towards 1x).
 
-``--impl tiles|ragged_dot|auto`` picks the routed-expert formulation (``jaxinfer.moe``): on XLA:CPU
+``--impl tiles|ragged_dot|auto`` picks the routed-expert formulation (``jaxinfer.model.moe``): on XLA:CPU
 ``ragged_dot`` reads every expert, which this bench shows as MoE costing what the dense twin costs.
 ``--layout`` keeps the experts stacked or gives each its own array (``moe.unstack_experts``; the default on a
 CPU, where picking an expert out of the stacked array copies it).
@@ -36,15 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import hardware, report
-from jaxinfer import moe
-from jaxinfer.attention import get_attention_fn
-from jaxinfer.batch import bucket
-from jaxinfer.batch_packing import WorkItem, pack
-from jaxinfer.shape_plan import StepShape
-from jaxinfer.kv_cache import allocate_kv_cache
-from jaxinfer.model import forward
-from jaxinfer.presets import preset_config
-from jaxinfer.weights import init_random_params
+from jaxinfer.config.presets import preset_config
+from jaxinfer.model import moe
+from jaxinfer.model.attention import get_attention_fn
+from jaxinfer.model.decoder import forward
+from jaxinfer.model.kv_cache import allocate_kv_cache
+from jaxinfer.model.step_batch import bucket
+from jaxinfer.model.weights import init_random_params
+from jaxinfer.runner.batch_packing import WorkItem, pack
+from jaxinfer.runner.shape_plan import StepShape
 
 BLOCK_SIZE = 16
 
@@ -217,7 +217,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--context", type=int, default=64, help="tokens already in each sequence's KV cache")
     p.add_argument("--steps", type=report.positive_int, default=20, help="timed decode steps per batch size")
-    p.add_argument("--impl", choices=moe.IMPLS, default="auto", help="routed-expert formulation (jaxinfer.moe)")
+    p.add_argument("--impl", choices=moe.IMPLS, default="auto", help="routed-expert formulation (jaxinfer.model.moe)")
     p.add_argument("--layout", choices=("auto", "stacked", "unstacked"), default="auto",
                    help="expert weights stacked [E, ...] or one array each (auto: one each on a CPU)")
     p.add_argument("--dtype", default="float32")

@@ -1,6 +1,6 @@
 """``jaxinfer-bench quant``: unquantized vs fp8 vs fp8_w8a16 vs int8 (and the fp8 KV cache), where they pay.
 
-Each variant's params come from the engine's own path (``jaxinfer.quant_setup.apply``: fp8 KV scales
+Each variant's params come from the engine's own path (``jaxinfer.quantization.options.apply``: fp8 KV scales
 folded, linears quantized on load absmax per output channel, e4m3 weights held as int8 bytes on a CPU);
 pure-layer steps (``model.forward`` over the paged cache, jitted, cache donated, fresh random tokens every
 step) are timed at three shapes: a bandwidth-bound one (batch-1 decode) and compute-bound ones (batch-B
@@ -18,7 +18,7 @@ that fit: what the engine's automatic pool sizing gives for ``--kv-budget-mb`` (
 CPU anchor (optional): llama.cpp f32 and q8_0 at batch 1, same run, through ``jaxinfer-bench compare`` in its
 own process (llama-cpp-python; skipped with the reason when it is not installed). It decodes an HF-written
 random checkpoint of the ``llama-150m`` shapes, the default model here, so the TPOTs compare like for like.
-``--formulations`` also records ``jaxinfer.quant_cpu.time_formulations`` (the measurement behind the CPU
+``--formulations`` also records ``jaxinfer.cpu.quantized_matmul.time_formulations`` (the measurement behind the CPU
 formulation the engine uses).
 """
 
@@ -39,13 +39,14 @@ import numpy as np
 
 from bench import hardware, report
 from bench.moe import BLOCK_SIZE, decode_batches
-from jaxinfer import host_allocator, quant_setup
-from jaxinfer.attention import get_attention_fn
-from jaxinfer.batch import single_sequence_batch
-from jaxinfer.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
-from jaxinfer.linear import k_major_linear_weights
-from jaxinfer.model import forward
-from jaxinfer.quantization import weight_bytes
+from jaxinfer.cpu import host_allocator
+from jaxinfer.model.attention import get_attention_fn
+from jaxinfer.model.decoder import forward
+from jaxinfer.model.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
+from jaxinfer.model.linear import k_major_linear_weights
+from jaxinfer.model.step_batch import single_sequence_batch
+from jaxinfer.quantization import options as quant_setup
+from jaxinfer.quantization.quantized_weight import weight_bytes
 
 VARIANTS = {
     "unquantized": quant_setup.QuantOptions(),
@@ -60,11 +61,11 @@ VARIANTS = {
 
 def load_dense(model: str, dtype):
     """(cfg, dense params, description): a preset name (random weights), "default", or an HF directory."""
-    from jaxinfer.config import ModelConfig
-    from jaxinfer.loader import load_hf_params
-    from jaxinfer.model_source import default_model_dir
-    from jaxinfer.presets import PRESETS, preset_config
-    from jaxinfer.weights import init_random_params
+    from jaxinfer.config.model import ModelConfig
+    from jaxinfer.config.presets import PRESETS, preset_config
+    from jaxinfer.loading.loader import load_hf_params
+    from jaxinfer.loading.model_source import default_model_dir
+    from jaxinfer.model.weights import init_random_params
 
     if model in PRESETS:
         cfg = preset_config(model)
@@ -111,9 +112,9 @@ def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[di
     platform = jax.default_backend()
     backend = "pallas" if platform == "gpu" else "xla"
     params = {n: quant_setup.apply(dense, cfg, VARIANTS[n], platform) for n in names}
-    if platform == "cpu":  # the engine's CPU setup: dense linears K-major (jaxinfer.linear), freed memory kept
+    if platform == "cpu":  # the engine's CPU setup: dense linears K-major (jaxinfer.model.linear), freed memory kept
         params = {n: k_major_linear_weights(p) for n, p in params.items()}
-        host_allocator.keep_freed_memory_in_heap()  # in the heap (jaxinfer.host_allocator), as LLMEngine does
+        host_allocator.keep_freed_memory_in_heap()  # in the heap (jaxinfer.cpu.host_allocator), as LLMEngine does
     kv_dtypes = {n: quant_setup.kv_cache_dtype(VARIANTS[n], args.dtype, backend) for n in names}
     weights = {n: read_bytes(cfg, params[n]) for n in names}
     dense_params = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
@@ -153,10 +154,10 @@ def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[di
 
 def _quantized_checkpoint(model: str | None, opts, out_dir: str) -> str:
     """``model`` (an HF directory, None: the embedded default) quantized with ``opts`` into ``out_dir``."""
-    from jaxinfer.config import ModelConfig
-    from jaxinfer.loader import load_hf_params
-    from jaxinfer.model_source import default_model_dir
-    from jaxinfer.quant_checkpoint import save_quantized_params
+    from jaxinfer.config.model import ModelConfig
+    from jaxinfer.loading.loader import load_hf_params
+    from jaxinfer.loading.model_source import default_model_dir
+    from jaxinfer.loading.quantized_orbax import save_quantized_params
 
     src = str(default_model_dir()) if model is None else model
     cfg = ModelConfig.from_pretrained(src)
@@ -272,7 +273,7 @@ def run(args) -> dict:
     llamacpp = llamacpp_rows(args) if jax.default_backend() == "cpu" else []
     formulations = None
     if args.formulations:
-        from jaxinfer.quant_cpu import time_formulations
+        from jaxinfer.cpu.quantized_matmul import time_formulations
 
         # a chain larger than the last-level cache (a matrix alone may sit in it and flatter float32)
         formulations = time_formulations(rows=(1, 16, 64, 512), layers=4, repeats=3)
@@ -293,7 +294,7 @@ def run(args) -> dict:
             (r.get("weight_bytes_read") or 0) / 1e6, "-", r.get("floor_fraction") or "-", "-", "-",
             r.get("greedy_identical_prefix_vs_jaxinfer") or "-", r.get("reason") or r["status"]] for r in llamacpp])
     if formulations:
-        report.print_table("CPU formulations of a chain of the 134M Llama's products (jaxinfer.quant_cpu.time_formulations)",
+        report.print_table("CPU formulations of a chain of the 134M Llama's products (jaxinfer.cpu.quantized_matmul.time_formulations)",
                            ["formulation", "rows", "ms", "weights MB", "GB/s"],
                            [[f["formulation"], f["m"], f["ms"], f["weight_mb"], f["gb_per_s"]] for f in formulations])
     payload = {"benchmark": "quant", "machine": {**hardware.machine_info(), "load_average_at_start": load_at_start,

@@ -175,7 +175,7 @@ def _model_name(url: str, api_key: str | None) -> str:
 def _vocab_size(args) -> int:
     if args.vocab_size:
         return args.vocab_size
-    from jaxinfer.model_source import default_model_dir
+    from jaxinfer.loading.model_source import default_model_dir
 
     path = Path(args.model) if args.model and Path(args.model).is_dir() else default_model_dir()
     return json.loads((path / "config.json").read_text())["vocab_size"]

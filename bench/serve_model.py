@@ -28,9 +28,9 @@ import scipy.optimize
 
 from bench import hardware, report, serve
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.block_manager import BlockManager
-from jaxinfer.scheduler import Scheduler, SchedulerConfig
-from jaxinfer.sequence import Sequence
+from jaxinfer.core.block_manager import BlockManager
+from jaxinfer.core.scheduler import Scheduler, SchedulerConfig
+from jaxinfer.core.sequence import Sequence
 
 FIT_BATCHES = (1, 4, 16, 32)
 FIT_PROMPT_LENS = (32, 288)

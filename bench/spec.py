@@ -26,8 +26,8 @@ from pathlib import Path
 
 from bench import hardware, report
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.engine_config import DTYPES
-from jaxinfer.model_source import DRAFT_MODEL_DIR
+from jaxinfer.config.engine import DTYPES
+from jaxinfer.loading.model_source import DRAFT_MODEL_DIR
 
 
 def _sources(count: int, skip: int) -> list[str]:

@@ -50,11 +50,11 @@ def _devices_for(n: int):
 
 def decode_step(plan, batch_size: int, context: int, dtype):
     """(jitted sharded decode step, abstract args) for ``batch_size`` sequences at ``context`` tokens."""
-    from jaxinfer.attention import get_attention_fn
-    from jaxinfer.batch import bucket
-    from jaxinfer.batch_packing import abstract_batch
-    from jaxinfer.model import forward
-    from jaxinfer.shape_plan import StepShape
+    from jaxinfer.model.attention import get_attention_fn
+    from jaxinfer.model.decoder import forward
+    from jaxinfer.model.step_batch import bucket
+    from jaxinfer.runner.batch_packing import abstract_batch
+    from jaxinfer.runner.shape_plan import StepShape
 
     blocks = -(-(context + 1) // BLOCK_SIZE)
     shape = StepShape(num_tokens=bucket(batch_size), num_seqs=bucket(batch_size), num_logits=bucket(batch_size),
@@ -92,10 +92,10 @@ def predicted_time(read_bytes: float, all_reduces: int, ar_bytes: float, n: int,
 
 def measure_step(plan, batch_size: int, context: int, dtype, steps: int) -> float:
     """Median step time of the real sharded step with random weights (real devices only)."""
-    from jaxinfer.batch import bucket
-    from jaxinfer.batch_packing import WorkItem, pack
-    from jaxinfer.shape_plan import StepShape
-    from jaxinfer.weights import init_random_params
+    from jaxinfer.model.step_batch import bucket
+    from jaxinfer.model.weights import init_random_params
+    from jaxinfer.runner.batch_packing import WorkItem, pack
+    from jaxinfer.runner.shape_plan import StepShape
 
     step, (abstract_params, abstract_cache, _) = decode_step(plan, batch_size, context, dtype)
     params = plan.place_params(init_random_params(plan.source_cfg, jax.random.key(0), dtype))
@@ -116,7 +116,7 @@ def measure_step(plan, batch_size: int, context: int, dtype, steps: int) -> floa
 
 def run(args) -> dict:
     import sharding
-    from jaxinfer.presets import preset_config
+    from jaxinfer.config.presets import preset_config
 
     try:  # simulated CPU devices for the sizes the default backend lacks (only before jax starts)
         jax.config.update("jax_num_cpu_devices", max(args.tp_sizes))

@@ -41,10 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from safetensors.numpy import load_file, save_file
-
 import stdlib_corpus as corpus
 from attention_supervision import induction_loss, induction_targets, previous_token_loss
+from safetensors.numpy import load_file, save_file
 from tiny_llama import TinyLlamaConfig, forward, forward_with_attention, init_params, param_shapes
 
 VOCAB_SIZE = 4096

@@ -5,7 +5,7 @@
     out = llm.generate(["def fib(n):"], SamplingParams(temperature=0.0, max_tokens=32))
 """
 
-from jaxinfer.engine_config import EngineConfig
+from jaxinfer.config.engine import EngineConfig
 from jaxinfer.llm import LLM
 from jaxinfer.llm_engine import LLMEngine
 from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput

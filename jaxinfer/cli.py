@@ -31,7 +31,7 @@ def _generate(args) -> int:
 def _convert(args) -> int:
     import jax.numpy as jnp
 
-    from jaxinfer.loader import convert_hf_checkpoint
+    from jaxinfer.loading.loader import convert_hf_checkpoint
 
     if args.quantization is not None:
         return _convert_quantized(args)
@@ -48,13 +48,13 @@ def _serve(args) -> int:
 
 def _convert_quantized(args) -> int:
     """``convert --quantization METHOD``: quantize on load (as ``LLM(quantization=METHOD)`` does; e4m3
-    weights kept as float8) and write a quantized orbax directory (``jaxinfer.quant_checkpoint``)."""
+    weights kept as float8) and write a quantized orbax directory (``jaxinfer.loading.quantized_orbax``)."""
     import jax.numpy as jnp
 
-    from jaxinfer import quant_setup
-    from jaxinfer.config import ModelConfig
-    from jaxinfer.loader import load_hf_params
-    from jaxinfer.quant_checkpoint import save_quantized_params
+    from jaxinfer.config.model import ModelConfig
+    from jaxinfer.loading.loader import load_hf_params
+    from jaxinfer.loading.quantized_orbax import save_quantized_params
+    from jaxinfer.quantization import options as quant_setup
 
     cfg = ModelConfig.from_pretrained(args.hf_dir)
     options = quant_setup.QuantOptions(args.quantization, include_lm_head=args.quantize_lm_head)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Sequence as Seq
+from typing import Any
+from typing import Sequence as Seq
 
-from jaxinfer.engine_config import EngineConfig
+from jaxinfer.config.engine import EngineConfig
 from jaxinfer.llm_engine import LLMEngine
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams

@@ -1,6 +1,6 @@
 """LLMEngine: requests in, RequestOutputs out; one ``step()`` = schedule -> run -> postprocess.
 
-Every request is validated completely in ``add_request`` before anything is queued (``jaxinfer.request_io``),
+Every request is validated completely in ``add_request`` before anything is queued (``jaxinfer.core.request_io``),
 so a bad request is refused with a ``ValueError`` and the engine keeps serving everyone else. A request with
 ``n > 1`` becomes ``n`` sequences that share its prompt.
 """
@@ -16,26 +16,29 @@ from typing import Any, Iterable
 import jax
 import numpy as np
 
-from jaxinfer import host_allocator, multihost, quant_setup, request_io
-from jaxinfer.block_manager import BlockManager
-from jaxinfer.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
-from jaxinfer.compile_monitor import CompileWatch
-from jaxinfer.engine_config import EngineConfig
-from jaxinfer.executables import warm_up
-from jaxinfer.kv_cache import kv_cache_bytes_per_block
-from jaxinfer.model_source import load_model, resolve_dtype
+from jaxinfer.config.engine import EngineConfig
+from jaxinfer.config.speculative import SpeculativeConfig
+from jaxinfer.core import request_io
+from jaxinfer.core.block_manager import BlockManager
+from jaxinfer.core.scheduler import Scheduler, SchedulerConfig
+from jaxinfer.core.sequence import Sequence
+from jaxinfer.core.tokenizer import IncrementalDetokenizer
+from jaxinfer.cpu import host_allocator
+from jaxinfer.loading.model_source import load_model, resolve_dtype
+from jaxinfer.model.kv_cache import kv_cache_bytes_per_block
 from jaxinfer.outputs import RequestMetrics, RequestOutput
-from jaxinfer.runner import ModelRunner
+from jaxinfer.quantization import options as quant_setup
+from jaxinfer.runner import multihost
+from jaxinfer.runner.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
+from jaxinfer.runner.compile_monitor import CompileWatch
+from jaxinfer.runner.executables import warm_up
+from jaxinfer.runner.model_runner import ModelRunner
+from jaxinfer.runner.multistep import burst_length
+from jaxinfer.runner.shape_plan import ShapePlan
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.scheduler import Scheduler, SchedulerConfig
-from jaxinfer.shape_plan import ShapePlan
-from jaxinfer.draft_proposer import DraftProposer
-from jaxinfer.multistep import burst_length
-from jaxinfer.ngram_proposer import propose_ngram
-from jaxinfer.sequence import Sequence
-from jaxinfer.spec_config import SpeculativeConfig
-from jaxinfer.spec_controller import SpecController
-from jaxinfer.tokenizer import IncrementalDetokenizer
+from jaxinfer.spec_decode.controller import SpecController
+from jaxinfer.spec_decode.draft_model import DraftProposer
+from jaxinfer.spec_decode.ngram import propose_ngram
 
 DEFAULT_CPU_KV_BYTES = 2 << 30
 logger = logging.getLogger("jaxinfer")

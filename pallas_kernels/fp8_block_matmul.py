@@ -121,7 +121,7 @@ def fp8_block_matmul(x, w_q, w_scale, *, block_shape: tuple[int, int] = DEFAULT_
     _validate(x, w_q, w_scale, block_shape)
     interpret = qc.resolve_interpret(interpret)
     qc.require_fp8_tensor_cores(interpret, "block-wise fp8", "Load the checkpoint dequantized "
-                                "(jaxinfer.quantization.dequantize) instead.")
+                                "(jaxinfer.quantization.quantized_weight.dequantize) instead.")
     m, k = x.shape
     n = w_q.shape[0]
     weight_block_n, group = block_shape

@@ -19,8 +19,8 @@ import functools
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from jaxinfer import moe, weights
-from jaxinfer.config import ModelConfig
+from jaxinfer.config.model import ModelConfig
+from jaxinfer.model import moe, weights
 from sharding.mesh import ALL_DEVICES, EXPERT
 from sharding.rules import HEADS_ACTIVATION_AXES, KV_CACHE_AXES, partition_spec
 

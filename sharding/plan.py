@@ -7,11 +7,11 @@ query heads read (``plan.cfg.num_kv_heads == tp``; the model is mathematically t
 repeated KV heads is GQA over the originals). The k/v projections (and biases) are expanded the same way
 by ``place_params``, so they stay column-parallel: each device computes just its own KV head.
 
-From the plan come the shardings of the params (derived from ``jaxinfer.weights``' logical axes through
+From the plan come the shardings of the params (derived from ``jaxinfer.model.weights``' logical axes through
 ``rules.LOGICAL_AXIS_RULES``), of the KV cache (split by KV head: every device holds every block for its
 heads, so the host's block ids are valid on every device), of the step batch (replicated), and of the
 logits (replicated: the LM head is vocab-parallel and only the rows that are sampled are gathered).
-A quantized weight (``jaxinfer.quantization.QuantizedWeight``) is placed with its scales sharded like its
+A quantized weight (``jaxinfer.quantization.quantized_weight.QuantizedWeight``) is placed with its scales sharded like its
 output channels (``quantized_shardings``).
 """
 
@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxinfer import weights
-from jaxinfer.config import ModelConfig
-from jaxinfer.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
-from jaxinfer.quantization import QuantizedWeight, is_quantized
-from jaxinfer.quantization import logical_axes as quant_logical_axes
+from jaxinfer.config.model import ModelConfig
+from jaxinfer.model import weights
+from jaxinfer.model.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
+from jaxinfer.quantization.quantized_weight import QuantizedWeight, is_quantized
+from jaxinfer.quantization.quantized_weight import logical_axes as quant_logical_axes
 from sharding import ops
 from sharding.mesh import EXPERT
 from sharding.rules import KV_CACHE_AXES, kv_heads_on_devices, mesh_axes, partition_spec, validate

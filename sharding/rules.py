@@ -1,7 +1,7 @@
 """The one table from logical axes to mesh axes, and the checks that a model fits a mesh.
 
 Every array the engine shards names its dimensions with logical axes: the params through
-``jaxinfer.weights`` (one ``ParamSpec`` per leaf), the KV cache and the step's activations here. Their
+``jaxinfer.model.weights`` (one ``ParamSpec`` per leaf), the KV cache and the step's activations here. Their
 shardings all come from ``LOGICAL_AXIS_RULES``; a new layer kind adds rows to it, not code elsewhere.
 
 The layout is Megatron's: q/k/v and gate/up are column-parallel (their output axis split), o and down
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from jax.sharding import PartitionSpec
 
-from jaxinfer.config import ModelConfig
+from jaxinfer.config.model import ModelConfig
 from sharding.mesh import ALL_DEVICES, EXPERT, TENSOR, check_parallel_sizes
 
 # logical axis -> the mesh axes it is split over (empty: replicated)

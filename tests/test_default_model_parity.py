@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.model_source import DEFAULT_MODEL_DIR
+from jaxinfer.loading.model_source import DEFAULT_MODEL_DIR
 from tests import hf_oracle
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").is_file(), reason="no default model")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.batch import bucket, single_sequence_batch
-from jaxinfer.kv_cache import allocate_kv_cache
-from jaxinfer.runner import make_step_fn
+from jaxinfer.model.kv_cache import allocate_kv_cache
+from jaxinfer.model.step_batch import bucket, single_sequence_batch
+from jaxinfer.runner.model_runner import make_step_fn
 from tests.prompts import random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

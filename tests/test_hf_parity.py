@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.attention import get_attention_fn
-from jaxinfer.batch import single_sequence_batch
-from jaxinfer.config import ModelConfig
-from jaxinfer.kv_cache import allocate_kv_cache
-from jaxinfer.loader import load_hf_params
-from jaxinfer.model import forward
+from jaxinfer.config.model import ModelConfig
+from jaxinfer.loading.loader import load_hf_params
+from jaxinfer.model.attention import get_attention_fn
+from jaxinfer.model.decoder import forward
+from jaxinfer.model.kv_cache import allocate_kv_cache
+from jaxinfer.model.step_batch import single_sequence_batch
 from tests import hf_oracle
 
 ARCHS = list(hf_oracle.ARCHS)

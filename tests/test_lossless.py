@@ -74,7 +74,7 @@ def test_preemption_in_a_tiny_pool(hf_checkpoints, reference):
 
 
 def test_multi_step_decoding_with_preemption_and_prefix_cache(hf_checkpoints, reference):
-    # bursts of 4 decode steps (jaxinfer.multistep) in the tiny pool: their extra blocks make preemption likelier
+    # bursts of 4 decode steps (jaxinfer.runner.multistep) in the tiny pool: their extra blocks make preemption likelier
     llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=80, num_kv_blocks=10,
               max_num_batched_tokens=32, num_scheduler_steps=4)
     assert _run(llm, _shared_prefix_prompts()) == reference

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.config import ModelConfig
+from jaxinfer.config.model import ModelConfig
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 

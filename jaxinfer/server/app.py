@@ -22,8 +22,14 @@ from starlette.requests import ClientDisconnect
 from jaxinfer.server.async_engine import AsyncLLMEngine
 from jaxinfer.server.chat_template import ChatTemplate
 from jaxinfer.server.metrics import CONTENT_TYPE, ServerMetrics
-from jaxinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      TokenizeRequest, parse)
+from jaxinfer.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    parse,
+)
 from jaxinfer.server.serving import OpenAIServing
 
 logger = logging.getLogger("jaxinfer.server")

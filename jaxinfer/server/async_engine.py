@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, AsyncIterator, Protocol
 
-from jaxinfer.engine_config import EngineConfig
+from jaxinfer.config.engine import EngineConfig
 from jaxinfer.llm_engine import LLMEngine
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams

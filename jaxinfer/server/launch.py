@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from jaxinfer.engine_config import EngineConfig
+from jaxinfer.config.engine import EngineConfig
 
 DEFAULT_MODEL_NAME = "jaxinfer-default"
 # EngineConfig fields `serve` does not expose as flags (model is the positional argument)

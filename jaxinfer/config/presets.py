@@ -1,0 +1,254 @@
+"""Named model shapes: HF-style ``config.json`` dicts of real models, for random-weight benchmarks.
+
+The dicts copy the published configs' shape and numerics fields (not the weights), so
+``preset_config("llama-2-7b")`` gives the exact tensor shapes, parameter count and bytes per decode step of
+the real model. "llama-150m" is a small Llama-shaped model for CPU benchmarks; "moe-240m" is a small
+Mixtral-shaped MoE (8 experts, top-2) and "moe-240m-dense" its dense twin with the same total parameters
+(one MLP as wide as the 8 experts together; it lacks only the routers' 0.01%), for ``bench/moe.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxinfer.config.model import ModelConfig
+
+_LLAMA2_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+_LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+
+_LLAMA31_8B = {
+    **_LLAMA3_8B,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "eos_token_id": [128001, 128008, 128009],
+}
+
+_QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "use_sliding_window": False,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+}
+
+_QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 131072,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+}
+
+_QWEN3_06B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+_LLAMA_150M = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+_MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+_QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 40960,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+_QWEN2_57B_A14B = {
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "moe_intermediate_size": 2560,
+    "shared_expert_intermediate_size": 20480,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+}
+
+_MOE_240M = {
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 2048,  # per expert
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+_MOE_240M_DENSE = {
+    **{k: v for k, v in _MOE_240M.items() if k not in ("num_local_experts", "num_experts_per_tok")},
+    "architectures": ["MistralForCausalLM"],
+    "intermediate_size": 8 * 2048,  # the 8 experts side by side: equal total params but for the router's (0.01%)
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama-2-7b": _LLAMA2_7B,
+    "llama-3-8b": _LLAMA3_8B,
+    "llama-3.1-8b": _LLAMA31_8B,
+    "qwen2.5-0.5b": _QWEN25_05B,
+    "qwen2.5-7b": _QWEN25_7B,
+    "qwen3-0.6b": _QWEN3_06B,
+    "llama-150m": _LLAMA_150M,
+    "mixtral-8x7b": _MIXTRAL_8X7B,
+    "qwen3-30b-a3b": _QWEN3_30B_A3B,
+    "qwen2-57b-a14b": _QWEN2_57B_A14B,
+    "moe-240m": _MOE_240M,
+    "moe-240m-dense": _MOE_240M_DENSE,
+}
+
+
+def preset_hf_dict(name: str) -> dict[str, Any]:
+    """A copy of the named preset's HF config dict (safe to modify, e.g. to write a config.json)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; available: {', '.join(sorted(PRESETS))}")
+    return dict(PRESETS[name])
+
+
+def preset_config(name: str) -> ModelConfig:
+    """The ``ModelConfig`` of a named preset."""
+    return ModelConfig.from_hf_dict(preset_hf_dict(name))

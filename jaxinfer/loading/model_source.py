@@ -1,0 +1,105 @@
+"""Resolve the ``model=`` argument into (config, params, tokenizer).
+
+Accepted: ``None`` (the embedded default model in ``checkpoints/default``), an HF directory
+(``config.json`` + ``*.safetensors`` [+ ``tokenizer.json``]), a directory written by ``jaxinfer convert``
+(orbax), or ``"random:<preset>"`` (random weights with the real shapes of a named model).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.config.model import ModelConfig
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
+DRAFT_MODEL_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "draft"
+
+
+def default_model_dir() -> Path:
+    override = os.environ.get("JAXINFER_DEFAULT_MODEL")
+    path = Path(override) if override else DEFAULT_MODEL_DIR
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the embedded default model is missing at {path}; run `python checkpoints/train.py` "
+            "or pass model=PATH"
+        )
+    return path
+
+
+def resolve_dtype(dtype: str, platform: str):
+    if dtype == "auto":
+        # This CPU has no native bf16 (AVX2): float32 is both faster and exact there.
+        return jnp.float32 if platform == "cpu" else jnp.bfloat16
+    return jnp.dtype(dtype)
+
+
+def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None, expert_parallel: bool = False,
+               quant=None):
+    """Return (ModelConfig, params pytree, Tokenizer | None, source description, ShardingPlan | None).
+
+    With a ``mesh`` (tensor / expert parallelism), the checkpoint is validated against it before anything
+    is read (``sharding.ShardingPlan.create``: a clear ValueError), loaded straight into its shardings and
+    placed as the sharded model's params; the returned config is the one the sharded model runs (KV heads
+    replicated up to the device count if fewer). Without one, params sit on the default device (and on a
+    single CPU device an MoE model's experts are unstacked, which XLA:CPU reads in place).
+    ``expert_parallel`` on a dense model is a ValueError, raised before any weight is read.
+    ``quant``: a ``jaxinfer.quantization.options.QuantOptions`` (None: load as stored): pre-quantized checkpoints are
+    read by its loaders, and its KV scales and quantize-on-load are applied before the params are placed.
+    """
+    from jaxinfer.config import presets
+    from jaxinfer.core.tokenizer import load_tokenizer
+    from jaxinfer.cpu import ffi as cpu_ffi
+    from jaxinfer.loading import loader
+    from jaxinfer.model import moe, weights
+    from jaxinfer.model.linear import k_major_linear_weights
+    from jaxinfer.quantization import options as quant_setup
+
+    tokenizer, source = None, str(model)
+    if isinstance(model, str) and model.startswith("random:"):
+        cfg = presets.preset_config(model.split(":", 1)[1])
+        plan = _plan(cfg, mesh, expert_parallel)
+        params = weights.init_random_params(cfg, jax.random.key(seed), dtype)
+    else:
+        path = default_model_dir() if model is None else Path(model)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+        tokenizer, source = load_tokenizer(path), str(path)
+        kind = quant_setup.checkpoint_kind(path)
+        if kind != "dense":
+            cfg = ModelConfig.from_pretrained(path)
+            plan = _plan(cfg, mesh, expert_parallel)
+            params = quant_setup.load_prequantized(path, kind, cfg, dtype, quant or quant_setup.QuantOptions())
+        elif loader.is_orbax_dir(path):
+            cfg = ModelConfig.from_pretrained(path)
+            plan = _plan(cfg, mesh, expert_parallel)
+            _, params = loader.restore_params(path, shardings=plan.load_shardings() if plan else None)
+            params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+        else:
+            cfg = ModelConfig.from_pretrained(path)
+            plan = _plan(cfg, mesh, expert_parallel)
+            params = loader.load_hf_params(path, cfg, dtype, shardings=plan.load_shardings() if plan else None)
+    if quant is not None:
+        params = quant_setup.apply(params, cfg, quant, jax.default_backend())
+    if plan is not None:
+        return plan.cfg, plan.place_params(params), tokenizer, source, plan
+    if jax.default_backend() == "cpu":
+        if cfg.is_moe:
+            params = moe.unstack_experts(params)
+        params = k_major_linear_weights(params)  # XLA:CPU's gemv reads [out, in] faster (jaxinfer.model.linear)
+        cpu_ffi.available()  # build and register the C++ matvec kernel now: executables loaded from disk call it
+    return cfg, params, tokenizer, source, None
+
+
+def _plan(cfg: ModelConfig, mesh, expert_parallel: bool):
+    if expert_parallel and not cfg.is_moe:
+        raise ValueError(f"enable_expert_parallel needs a mixture-of-experts model; this {cfg.architecture} "
+                         "model is dense: turn expert parallelism off")
+    if mesh is None:
+        return None
+    from sharding import ShardingPlan
+
+    return ShardingPlan.create(cfg, mesh)

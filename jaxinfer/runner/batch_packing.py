@@ -1,0 +1,70 @@
+"""Packing host-side work into a padded StepBatch of numpy arrays.
+
+A work item is one sequence's contribution to a step: its block ids, the position of its first new token,
+the new tokens, and how many of its trailing positions need logits (1 for a normal step, 1 + k when k
+speculative tokens are verified, 0 for a prefill chunk that does not reach the end of the prompt).
+``pack`` lays items out in a planned ``StepShape`` (see ``jaxinfer.runner.shape_plan``), with block tables at the
+runner's full width; ``abstract_batch`` describes that layout for compiling ahead of the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxinfer.model.step_batch import NULL_SLOT, StepBatch
+from jaxinfer.runner.shape_plan import StepShape
+
+
+@dataclasses.dataclass
+class WorkItem:
+    block_ids: list[int]
+    start: int  # position of tokens[0]
+    tokens: list[int]
+    num_logits: int  # trailing positions whose logits are returned
+
+
+def pack(items: list[WorkItem], block_size: int, shape: StepShape, max_blocks: int):
+    """Lay the items out in ``shape`` (which must fit them), block tables ``max_blocks`` wide: (StepBatch of
+    numpy arrays, first logits row of each item). Items keep their order; padding slots have q_len 0 and
+    kv_len 0, padding tokens write to the null slot, padding logits rows read token 0."""
+    bs = block_size
+    T, S, R = shape.num_tokens, shape.num_seqs, shape.num_logits
+    token_ids = np.zeros(T, np.int32)
+    positions = np.zeros(T, np.int32)
+    slot_mapping = np.full(T, NULL_SLOT, np.int32)
+    block_tables = np.zeros((S, max_blocks), np.int32)
+    cu_q_lens = np.zeros(S + 1, np.int32)
+    kv_lens = np.zeros(S, np.int32)
+    logits_indices = np.zeros(R, np.int32)
+    starts = []
+    t = r = 0
+    for i, w in enumerate(items):
+        n = len(w.tokens)
+        token_ids[t : t + n] = w.tokens
+        pos = np.arange(w.start, w.start + n)
+        positions[t : t + n] = pos
+        blocks = np.asarray(w.block_ids, np.int32)
+        slot_mapping[t : t + n] = blocks[pos // bs] * bs + pos % bs
+        block_tables[i, : len(blocks)] = blocks
+        kv_lens[i] = w.start + n
+        starts.append(r)
+        logits_indices[r : r + w.num_logits] = np.arange(t + n - w.num_logits, t + n)
+        r += w.num_logits
+        t += n
+        cu_q_lens[i + 1] = t
+    cu_q_lens[len(items) + 1 :] = t
+    batch = StepBatch(token_ids, positions, slot_mapping, block_tables, cu_q_lens, kv_lens, logits_indices)
+    return batch, starts  # numpy: the compiled step transfers its arguments far faster than device_put
+
+
+def abstract_batch(shape: StepShape, max_blocks: int, sharding=None) -> StepBatch:
+    """The StepBatch of ``shape`` as ShapeDtypeStructs (for compiling ahead of the data)."""
+    T, S, R = shape.num_tokens, shape.num_seqs, shape.num_logits
+
+    def i32(*dims):
+        return jax.ShapeDtypeStruct(dims, np.int32, sharding=sharding)
+
+    return StepBatch(i32(T), i32(T), i32(T), i32(S, max_blocks), i32(S + 1), i32(S), i32(R))

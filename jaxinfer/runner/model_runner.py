@@ -1,0 +1,442 @@
+"""The model runner: where host-side plans meet device-side arrays.
+
+It owns the params, the paged KV cache and the compiled executables of one model (the target, or a draft
+model). ``execute(plan)`` packs the scheduler's plan into one of the planned step shapes (see
+``jaxinfer.runner.shape_plan``), runs the step with the cache donated, then chooses the next tokens — sampling,
+or verifying speculative tokens — in one more compiled call, and returns them to the host.
+
+``execute_multistep`` runs several decode steps of a decode-only batch in one call (``jaxinfer.runner.multistep``).
+
+Every executable is keyed (``("step", StepShape)``, ``("tokens", rows, SamplerVariant)``, ``("multistep",
+StepShape, SamplerVariant)``, ...) and held by
+``jaxinfer.runner.executables.Executables``, which compiles the whole plan at start (``plan_keys``) or on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxinfer.config.model import ModelConfig
+from jaxinfer.core.scheduler import ScheduledSeq
+from jaxinfer.model.attention import get_attention_fn
+from jaxinfer.model.decoder import forward
+from jaxinfer.model.kv_cache import allocate_kv_cache
+from jaxinfer.model.moe import moe_block
+from jaxinfer.runner.batch_packing import WorkItem, abstract_batch, pack
+from jaxinfer.runner.compile_cache import ExecutableCache
+from jaxinfer.runner.executables import Entry, Executables, abstract
+from jaxinfer.runner.multihost import Channel, host_values, unpack_arrays
+from jaxinfer.runner.multistep import make_multistep_fn
+from jaxinfer.runner.shape_plan import SamplerVariant, ShapePlan, StepShape
+from jaxinfer.sample import rejection_sampler
+from jaxinfer.sample import sampler as sampler_lib
+
+MAX_LOGPROBS = 20  # SamplingParams.logprobs is at most this; the logprobs variants return this many
+FIRST_RUN_MAX_TOKENS = 256  # warm-up executes the step shapes up to this many tokens once
+
+
+def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None, sharding=None):
+    """The jitted ragged step ``step(params, kv_cache, batch, query_width) -> (logits, kv_cache)``.
+
+    ``kv_cache`` is donated and updated in place; ``query_width`` (static) is the step kind for the XLA
+    attention path: W >= 1 if no sequence computes more than W tokens, None for a mixed step. With a
+    ``sharding`` plan (tensor / expert parallelism) attention and MoE layers run per device under
+    ``shard_map`` and XLA partitions the rest from the params' shardings; the logits come back replicated.
+    """
+    moe_fn = sharding.moe_fn() if sharding is not None else moe_block
+
+    def step(params, kv_cache, batch, query_width: int | None = None):
+        attn_fn = get_attention_fn(attention_backend, query_width=query_width, sliding_window=cfg.sliding_window,
+                                   interpret=interpret)
+        if sharding is not None:
+            attn_fn = sharding.shard_attention(attn_fn)
+        return forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=moe_fn)
+
+    out = None if sharding is None else (sharding.logits_sharding, sharding.kv_cache_sharding)
+    return jax.jit(step, donate_argnames="kv_cache", static_argnames=("query_width",), out_shardings=out)
+
+
+@functools.partial(jax.jit, static_argnames=("greedy", "num_logprobs", "penalties", "speculative"))
+def choose_tokens(logits, md, draft_tokens, draft_q=None, *, greedy: bool, num_logprobs: int, penalties: bool,
+                  speculative: bool = True):
+    """One step's next tokens, [R] rows: a row with a draft token (>= 0) verifies it (the rejection sampler),
+    a row without one samples from the target's distribution (the sampler). ``draft_q``: None (point-mass
+    drafts: n-gram, or greedy rows) or ``(q_rounds [k, S', V], round [R], slot [R])``, the draft model's
+    distributions and where each row's draft sits in them. ``speculative`` False (an engine without
+    speculation: no row ever has a draft) compiles the sampler alone. Returns a
+    ``rejection_sampler.VerifyOutput``."""
+    if greedy:  # every row greedy, no penalties: accept iff the draft is the argmax, emit the argmax
+        target = sampler_lib.first_argmax(sampler_lib.adjusted_logits(logits, md, with_penalties=False))
+        accepted = (draft_tokens >= 0) & (draft_tokens == target)
+        return rejection_sampler.VerifyOutput(accepted, target,
+                                              *sampler_lib.raw_logprob_outputs(logits, target, num_logprobs))
+    probs = None
+    if draft_q is not None:
+        q_rounds, rounds, slots = draft_q
+        probs = jnp.where((draft_tokens >= 0)[:, None], q_rounds[rounds, slots], 0.0)
+
+    def verify(_):
+        return rejection_sampler.verify(logits, md, draft_tokens, probs, num_logprobs=num_logprobs,
+                                        apply_truncation=True, apply_penalties=penalties)
+
+    def sample(_):
+        out = sampler_lib.sample(logits, md, num_logprobs=num_logprobs, apply_penalties=penalties, all_greedy=False,
+                                 apply_truncation=True)
+        return rejection_sampler.VerifyOutput(jnp.zeros(out.tokens.shape, bool), out.tokens, out.logprobs,
+                                              out.topk_ids, out.topk_logprobs)
+
+    if not speculative:
+        return sample(None)
+    return jax.lax.cond(jnp.any(draft_tokens >= 0), verify, sample, None)
+
+
+def zeros_like_abstract(tree):
+    """Host zeros for a pytree of ShapeDtypeStructs (None leaves stay None)."""
+    return jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), tree)
+
+
+def exercise_batch(shape: StepShape, max_blocks: int):
+    """A harmless batch of ``shape`` that still runs every loop of the step once: all tokens write to the
+    null slot and read the null block, slot 0 computes a short run (two tokens in a mixed step, W in a
+    verification step) and slot 1 a decode. (XLA:CPU prepares a kernel on its first execution: a warm-up
+    run that skipped the attention loops would leave that cost to the first request.)"""
+    batch = zeros_like_abstract(abstract_batch(shape, max_blocks))
+    runs = [shape.query_width or 2] + ([1] if shape.num_seqs > 1 else [])
+    runs[0] = min(runs[0], shape.num_tokens - (len(runs) - 1))
+    cu = np.cumsum([0] + runs)
+    batch.cu_q_lens[:] = cu[-1]
+    batch.cu_q_lens[: len(cu)] = cu
+    batch.kv_lens[: len(runs)] = runs
+    batch.positions[: cu[-1]] = np.concatenate([np.arange(n) for n in runs])
+    return batch
+
+
+@dataclasses.dataclass
+class SampledToken:
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float]  # empty unless logprobs were requested
+
+
+def choose_variant(params: list, max_logprobs: int) -> SamplerVariant:
+    """The cheapest compiled token chooser that serves every row's parameters exactly: greedy rows without
+    penalties or logprobs take the argmax path; anything else the general one (penalties cost nothing
+    measurable when zero: CPU, 4,096-token vocabulary, 1-64 rows)."""
+    if all(p.greedy and not p.has_penalties and p.logprobs is None for p in params):
+        return SamplerVariant(greedy=True, num_logprobs=0, penalties=False)
+    return SamplerVariant(greedy=False, num_logprobs=max_logprobs, penalties=True)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        params,
+        *,
+        plan: ShapePlan,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        kv_dtype,
+        attention_backend: str = "xla",
+        interpret: bool | None = None,
+        eos_token_ids: tuple[int, ...] = (),
+        banned_width: int = 16,
+        draft_q_shape: tuple[int, int] | None = None,
+        cache: ExecutableCache | None = None,
+        name: str = "target",
+        sharding=None,
+        num_scheduler_steps: int = 1,
+    ):
+        """``plan``: this runner's step shapes. ``banned_width``: columns of the banned-ids matrix (EOS and
+        stop ids until min_tokens). ``draft_q_shape``: (k, rows) of the draft model's distributions the
+        verifier reads (draft-model speculation), else None. ``sharding``: a ``sharding.ShardingPlan`` (tensor /
+        expert parallelism; ``cfg`` must be its ``cfg``), or None for one device. ``num_scheduler_steps`` > 1
+        plans multi-step decode executables of up to that many steps (``jaxinfer.runner.multistep``; one device)."""
+        self.cfg = cfg
+        self.plan = plan
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.params = params
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.attention_backend, self.interpret = attention_backend, interpret
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.banned_width = banned_width
+        self.draft_q_shape = draft_q_shape
+        self.max_logprobs = min(MAX_LOGPROBS, cfg.vocab_size)
+        self.sharding = sharding
+        if sharding is None:
+            self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
+        else:
+            self.kv_cache = sharding.allocate_kv_cache(num_blocks, block_size, kv_dtype)
+        # host arrays fed to a sharded executable are placed replicated, like its compiled inputs
+        self._replicated = sharding.replicated if sharding is not None else None
+        self.step_fn = make_step_fn(cfg, attention_backend, interpret, sharding)
+        self._builders = {"step": self._step_entry, "tokens": self._tokens_entry, "multistep": self._multistep_entry}
+        if num_scheduler_steps > 1 and (sharding is not None or plan.query_width is not None):
+            raise ValueError("multi-step decoding runs on one device without speculation")
+        self.num_scheduler_steps = num_scheduler_steps
+        self.multistep_fn = make_multistep_fn(self.step_fn, choose_tokens, block_size)
+        self.executables = Executables(self._build, cache, name=name)
+        self.channel = Channel()  # multi-process runs: process 0 publishes every device call (else no-op)
+        self._keys: list | None = None  # plan_keys(), indexed by the channel
+        self._last_logits = None  # a follower's latest step output, for the token chooser that follows
+        mesh = "" if sharding is None else f"|mesh={dict(sharding.mesh.shape)}"
+        self._description = f"{cfg!r}|{attention_backend}|{interpret}|bs={block_size}|len={max_model_len}{mesh}"
+
+    # -------------------------------------------------------------- the plan
+    def add_builder(self, kind: str, build) -> None:
+        """Register how to build the executables whose key starts with ``kind`` (e.g. a draft proposer's)."""
+        self._builders[kind] = build
+
+    def _build(self, key) -> Entry:
+        return self._builders[key[0]](key)
+
+    def _step_entry(self, key) -> Entry:
+        shape: StepShape = key[1]
+        batch = abstract_batch(shape, self.max_blocks_per_seq, sharding=self._replicated)
+        args = (abstract(self.params), abstract(self.kv_cache), batch)
+
+        def run_once(compiled):
+            _, self.kv_cache = compiled(self.params, self.kv_cache, exercise_batch(shape, self.max_blocks_per_seq))
+
+        # a large step costs far more than the first execution's extra (10-100 ms on XLA:CPU): not worth running
+        worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
+        return Entry(self.step_fn, args, {"query_width": shape.query_width or None}, self._description,
+                     run_once if worth_running else None)
+
+    def sampling_arrays(self, num_rows: int, variant: SamplerVariant) -> sampler_lib.SamplingMetadata:
+        """Abstract SamplingMetadata of ``num_rows`` rows for ``variant`` (its id matrices' widths)."""
+        ids = self.max_model_len if variant.penalties else 1
+        rep = self._replicated
+        f32, i32, u32 = (jax.ShapeDtypeStruct((num_rows,), d, sharding=rep) for d in (jnp.float32, jnp.int32, jnp.uint32))
+        mat = lambda w: jax.ShapeDtypeStruct((num_rows, w), jnp.int32, sharding=rep)  # noqa: E731
+        return sampler_lib.SamplingMetadata(f32, i32, f32, f32, f32, f32, f32, u32, i32, mat(ids), mat(ids),
+                                            mat(self.banned_width))
+
+    def _tokens_entry(self, key) -> Entry:
+        _, rows, variant = key
+        rep = self._replicated
+        logits = jax.ShapeDtypeStruct((rows, self.cfg.vocab_size), jnp.float32, sharding=rep)
+        draft_q = None
+        if self.draft_q_shape is not None and not variant.greedy:
+            k, width = self.draft_q_shape
+            draft_q = (jax.ShapeDtypeStruct((k, width, self.cfg.vocab_size), jnp.float32),
+                       jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32))
+        args = (logits, self.sampling_arrays(rows, variant), jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep),
+                draft_q)
+        statics = {"greedy": variant.greedy, "num_logprobs": variant.num_logprobs, "penalties": variant.penalties,
+                   "speculative": self.plan.query_width is not None}
+
+        def run_once(compiled):  # sampling rows, then (under speculation) a row verifying a draft
+            inputs = zeros_like_abstract(args)
+            inputs[2][:] = -1
+            jax.block_until_ready(compiled(*inputs))
+            if statics["speculative"]:
+                inputs[2][0] = 0
+                jax.block_until_ready(compiled(*inputs))
+
+        return Entry(choose_tokens, args, statics, f"{self.cfg.vocab_size}|{self.draft_q_shape}", run_once)
+
+    def _multistep_entry(self, key) -> Entry:
+        _, shape, variant = key
+        args = (abstract(self.params), abstract(self.kv_cache), abstract_batch(shape, self.max_blocks_per_seq),
+                self.sampling_arrays(shape.num_logits, variant), jax.ShapeDtypeStruct((), jnp.int32))
+        statics = {"max_steps": self.num_scheduler_steps, "greedy": variant.greedy,
+                   "num_logprobs": variant.num_logprobs, "penalties": variant.penalties}
+
+        def run_once(compiled):  # two iterations of single-query slots (padding writes go to the null block)
+            batch = exercise_batch(dataclasses.replace(shape, query_width=1), self.max_blocks_per_seq)
+            md = zeros_like_abstract(args[3])
+            _, self.kv_cache = compiled(self.params, self.kv_cache, batch, md, np.int32(2))
+
+        worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
+        return Entry(self.multistep_fn, args, statics, self._description + "|multistep",
+                     run_once if worth_running else None)
+
+    def sampler_variants(self) -> list[SamplerVariant]:
+        return [SamplerVariant(True, 0, False), SamplerVariant(False, self.max_logprobs, True)]
+
+    def plan_keys(self, samples: bool = True) -> list:
+        """Every executable this runner may run: its step shapes and, if it samples (``samples``), the token
+        choosers for every logits-row count and sampler variant."""
+        keys = [("step", s) for s in self.plan.step_shapes()]
+        if samples:
+            keys += [("tokens", r, v) for r in self.plan.logits_rows() for v in self.sampler_variants()]
+        if samples and self.num_scheduler_steps > 1:
+            keys += [("multistep", s, v) for s in self.decode_shapes() for v in self.sampler_variants()]
+        return keys
+
+    def decode_shapes(self) -> list[StepShape]:
+        """The shapes decode-only batches of 1 .. max_num_seqs sequences are packed into."""
+        return sorted({self.plan.shape_for([1] * n, n) for n in range(1, self.plan.max_num_seqs + 1)})
+
+    def key_index(self, key) -> int:
+        if self._keys is None:
+            self._keys = self.plan_keys()
+            self._index = {k: i for i, k in enumerate(self._keys)}
+        return self._index[key]
+
+    def max_payload_words(self) -> int:
+        """The most int32 words one published call carries (the multi-process broadcast's largest buffer)."""
+        words = 0
+        for key in self.plan_keys():
+            if key[0] == "step":
+                arrays = jax.tree.leaves(abstract_batch(key[1], self.max_blocks_per_seq))
+            else:
+                arrays = jax.tree.leaves(self.sampling_arrays(key[1], key[2])) + [np.zeros(key[1])]
+            words = max(words, sum(int(np.prod(a.shape)) for a in arrays))
+        return words
+
+    def follow(self) -> None:
+        """On a process other than 0: run every call process 0 publishes, until it stops."""
+        self.channel.follow(self._replay)
+
+    def _replay(self, key_index: int, words: np.ndarray) -> None:
+        key = self.plan_keys()[key_index] if self._keys is None else self._keys[key_index]
+        executable = self.executables.get(key)
+        if key[0] == "step":
+            like = abstract_batch(key[1], self.max_blocks_per_seq)
+            batch = jax.tree.unflatten(jax.tree.structure(like), unpack_arrays(words, jax.tree.leaves(like)))
+            self._last_logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
+        else:
+            like = self.sampling_arrays(key[1], key[2])
+            *md_leaves, drafts = unpack_arrays(words, jax.tree.leaves(like) + [np.zeros(key[1], np.int32)])
+            md = jax.tree.unflatten(jax.tree.structure(like), md_leaves)
+            jax.block_until_ready(executable(self._last_logits, md, drafts, None))
+
+    @property
+    def num_compilations(self) -> int:
+        return self.executables.num_compiled + self.executables.num_loaded
+
+    # ----------------------------------------------------------------- stepping
+    def run_step(self, items: list[WorkItem]):
+        """Run the compiled step on work items: (logits [R, V] on device, first logits row of each item)."""
+        shape = self.plan.shape_for([len(w.tokens) for w in items], sum(w.num_logits for w in items))
+        key = ("step", shape)
+        executable = self.executables.get(key)
+        batch, rows = pack(items, self.block_size, shape, self.max_blocks_per_seq)
+        if self.sharding is not None:
+            self.channel.publish(self.key_index(key), jax.tree.leaves(batch))
+        logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
+        return logits, rows
+
+    def build_sampling_metadata(self, rows: list[tuple], num_rows: int, variant: SamplerVariant):
+        """Per-row sampling parameters as numpy arrays. ``rows``: (sequence, index of the token sampled at
+        this row). The id matrices have ``variant``'s fixed widths."""
+        seqs = [q for q, _ in rows]
+        params = [q.params for q in seqs]
+
+        def col(values, dtype, fill):
+            arr = np.full(num_rows, fill, dtype)
+            arr[: len(values)] = values
+            return arr
+
+        def id_matrix(lists, width):
+            mat = np.full((num_rows, width), -1, np.int32)
+            for i, x in enumerate(lists):
+                mat[i, : len(x)] = x
+            return mat
+
+        if variant.penalties:
+            prompt_ids = id_matrix([q.token_ids[: q.num_prompt_tokens] for q in seqs], self.max_model_len)
+            output_ids = id_matrix([q.output_token_ids for q in seqs], self.max_model_len)
+        else:
+            prompt_ids = output_ids = np.full((num_rows, 1), -1, np.int32)
+        banned = id_matrix([self._banned_ids(q, step) for q, step in rows], self.banned_width)
+        return sampler_lib.SamplingMetadata(
+            temperature=col([p.temperature for p in params], np.float32, 0.0),
+            top_k=col([p.top_k for p in params], np.int32, 0),
+            top_p=col([p.top_p for p in params], np.float32, 1.0),
+            min_p=col([p.min_p for p in params], np.float32, 0.0),
+            presence_penalty=col([p.presence_penalty for p in params], np.float32, 0.0),
+            frequency_penalty=col([p.frequency_penalty for p in params], np.float32, 0.0),
+            repetition_penalty=col([p.repetition_penalty for p in params], np.float32, 1.0),
+            seeds=col([q.seed for q in seqs], np.uint32, 0),
+            steps=col([step for _, step in rows], np.int32, 0),
+            prompt_token_ids=prompt_ids,
+            output_token_ids=output_ids,
+            banned_token_ids=banned,
+        )  # numpy arrays: a compiled call transfers them in microseconds; device_put of the pytree ~0.2 ms
+
+    def _banned_ids(self, seq, step: int) -> list[int]:
+        p = seq.params
+        if step >= p.min_tokens:
+            return []
+        ids = list(p.stop_token_ids)
+        if not p.ignore_eos:
+            ids += list(self.eos_token_ids)
+        return ids
+
+    # --------------------------------------------------------------- executing
+    def execute(self, scheduled: list[ScheduledSeq], draft_q_for=None) -> dict[int, list[SampledToken]]:
+        """Run one step; for every sequence that reached its end, the tokens it emits (by seq_id).
+
+        Without speculation that is one sampled token. A sequence verifying k draft tokens emits its
+        accepted drafts followed by one token from the target (resampled or bonus). ``draft_q_for`` maps
+        [(seq, j)] to the draft model's distributions for the rows (None: point-mass drafts, i.e. n-gram).
+        """
+        items = []
+        for s in scheduled:
+            seq, k = s.seq, s.num_spec_tokens
+            start = seq.num_computed_tokens
+            tokens = seq.token_ids[start : start + s.num_new_tokens - k] + seq.spec_token_ids[:k]
+            items.append(WorkItem(seq.block_ids, start, tokens, (1 + k) if s.samples else 0))
+        logits, starts = self.run_step(items)
+        owners = []  # (scheduled seq, j) per logits row, in row order
+        for s, start in sorted(zip(scheduled, starts), key=lambda p: p[1]):
+            if s.samples:
+                owners += [(s, j) for j in range(s.num_spec_tokens + 1)]
+        if not owners:
+            return {}
+        num_rows = logits.shape[0]
+        rows = [(s.seq, s.seq.num_output_tokens + j) for s, j in owners]
+        variant = choose_variant([s.seq.params for s, _ in owners], self.max_logprobs)
+        md = self.build_sampling_metadata(rows, num_rows, variant)
+        drafts = np.full(num_rows, -1, np.int32)
+        drafts[: len(owners)] = [s.seq.spec_token_ids[j] if j < s.num_spec_tokens else -1 for s, j in owners]
+        draft_q = None
+        if self.draft_q_shape is not None and not variant.greedy:
+            draft_q = draft_q_for([(s.seq, j) for s, j in owners], num_rows)
+        key = ("tokens", num_rows, variant)
+        if self.sharding is not None:
+            self.channel.publish(self.key_index(key), jax.tree.leaves(md) + [drafts])
+        out = self.executables.get(key)(logits, md, drafts, draft_q)
+        tokens, logprobs, top_ids, top_lps, acc = host_values(
+            out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs, out.accepted)
+        result: dict[int, list[SampledToken]] = {}
+        for i, (s, j) in enumerate(owners):
+            emitted = result.setdefault(s.seq.seq_id, [])
+            if len(emitted) < j or (emitted and j > 0 and not acc[i - 1]):
+                continue  # an earlier draft of this sequence was rejected: later rows are void
+            n = s.seq.params.logprobs or 0
+            top = {int(top_ids[i, m]): float(top_lps[i, m]) for m in range(n)}
+            emitted.append(SampledToken(int(tokens[i]), float(logprobs[i]), top))
+        return result
+
+    def execute_multistep(self, scheduled: list[ScheduledSeq], num_steps: int) -> dict[int, list[SampledToken]]:
+        """Run ``num_steps`` (<= num_scheduler_steps) decode steps of a decode-only batch in one call: every
+        sequence's ``num_steps`` chosen tokens (by seq_id). Each sequence must own blocks for its next
+        ``num_steps - 1`` positions too."""
+        items = [WorkItem(s.seq.block_ids, s.seq.num_computed_tokens, [s.seq.token_ids[-1]], 1) for s in scheduled]
+        shape = self.plan.shape_for([1] * len(items), len(items))
+        batch, _ = pack(items, self.block_size, shape, self.max_blocks_per_seq)
+        rows = [(s.seq, s.seq.num_output_tokens) for s in scheduled]  # row r is item r's
+        variant = choose_variant([s.seq.params for s in scheduled], self.max_logprobs)
+        md = self.build_sampling_metadata(rows, shape.num_logits, variant)
+        out, self.kv_cache = self.executables.get(("multistep", shape, variant))(
+            self.params, self.kv_cache, batch, md, np.int32(num_steps))
+        tokens, logprobs, top_ids, top_lps = host_values(out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs)
+        result: dict[int, list[SampledToken]] = {}
+        for r, s in enumerate(scheduled):
+            n = s.seq.params.logprobs or 0
+            result[s.seq.seq_id] = [
+                SampledToken(int(tokens[i, r]), float(logprobs[i, r]),
+                             {int(top_ids[i, r, m]): float(top_lps[i, r, m]) for m in range(n)})
+                for i in range(num_steps)]
+        return result
