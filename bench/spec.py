@@ -177,7 +177,7 @@ def run(args) -> dict:
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default=None, help="target model; default: the embedded model")
-    p.add_argument("--draft-model", default=None, help="draft model; default: checkpoints/draft if present")
+    p.add_argument("--draft-model", default=None, help="draft model; default: the embedded draft model if present")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="engine dtype (auto: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")

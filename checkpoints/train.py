@@ -1,8 +1,9 @@
 """Train the embedded default model (and its draft model) of jaxinfer on the Python standard library.
 
-    .venv/bin/python checkpoints/train.py --model all --out checkpoints
+    .venv/bin/python checkpoints/train.py --model all
 
-writes ``checkpoints/default/`` and ``checkpoints/draft/`` as Hugging Face Llama checkpoints
+writes ``jaxinfer/embedded_models/default/`` and ``jaxinfer/embedded_models/draft/`` (``--out``: another
+directory to write ``default/`` and ``draft/`` into) as Hugging Face Llama checkpoints
 (``config.json``, ``generation_config.json``, float32 ``model.safetensors``, ``tokenizer.json``,
 ``tokenizer_config.json``) plus ``training_summary.json``. Seeded: the same machine, Python and library
 versions give the same weights. ``--steps N`` shortens a run for a smoke test; ``--set FIELD=VALUE``
@@ -23,8 +24,8 @@ has just seen.
 ``--resume`` continues from the checkpoint in ``--out`` after its finished cycles (same recipe and seed,
 checked); the data stream is replayed, so the result is bit-identical to an uninterrupted run:
 
-    .venv/bin/python checkpoints/train.py --model default --set cycles=1 --out checkpoints   # cycle 1
-    .venv/bin/python checkpoints/train.py --model default --resume --out checkpoints         # cycles 2-3
+    .venv/bin/python checkpoints/train.py --model default --set cycles=1   # cycle 1
+    .venv/bin/python checkpoints/train.py --model default --resume         # cycles 2-3
 """
 
 from __future__ import annotations
@@ -337,7 +338,8 @@ def prepare_data(val_fraction: float = 0.05) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["default", "draft", "all"], default="all")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parents[1] / "jaxinfer" / "embedded_models")
     parser.add_argument("--steps", type=int, default=None, help="override the number of steps (smoke tests)")
     parser.add_argument("--batch-size", type=int, default=None, help="override sequences per step")
     parser.add_argument("--seq-len", type=int, default=None, help="override tokens per sequence")

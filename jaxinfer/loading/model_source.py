@@ -1,6 +1,6 @@
 """Resolve the ``model=`` argument into (config, params, tokenizer).
 
-Accepted: ``None`` (the embedded default model in ``checkpoints/default``), an HF directory
+Accepted: ``None`` (the embedded default model in ``jaxinfer/embedded_models/default``), an HF directory
 (``config.json`` + ``*.safetensors`` [+ ``tokenizer.json``]), a directory written by ``jaxinfer convert``
 (orbax), or ``"random:<preset>"`` (random weights with the real shapes of a named model).
 """
@@ -15,8 +15,8 @@ import jax.numpy as jnp
 
 from jaxinfer.config.model import ModelConfig
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "default"
-DRAFT_MODEL_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "draft"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "embedded_models" / "default"
+DRAFT_MODEL_DIR = Path(__file__).resolve().parents[1] / "embedded_models" / "draft"
 
 
 def default_model_dir() -> Path:

@@ -1,4 +1,4 @@
-"""The embedded checkpoints (``checkpoints/default`` and ``checkpoints/draft``) are usable real models.
+"""The embedded checkpoints (``jaxinfer/embedded_models/default`` and ``.../draft``) are usable real models.
 
 Checks, without retraining: the files are there and small enough to ship; the configs describe
 LlamaForCausalLM models sharing one vocabulary; the safetensors hold exactly the tensors HF expects; the
@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "jaxinfer" / "embedded_models"
 MODELS = ("default", "draft")
 REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                   "tokenizer_config.json")
