@@ -1,6 +1,6 @@
 """Tensor and expert parallelism on 8 simulated CPU devices, against the unsharded model and HF transformers.
 
-Every sharded run happens in ONE subprocess (``python -m tests.test_tensor_parallel SPEC OUT``) started with
+Every sharded run happens in ONE subprocess (``python -m tests.sharding.test_tensor_parallel SPEC OUT``) started with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8``: the device count is fixed when jax initialises and the
 rest of the suite runs on one device. The worker computes and records; the tests here assert.
 
@@ -180,7 +180,7 @@ def sharded(checkpoints, tmp_path_factory):
                XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip())
     root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "tests.test_tensor_parallel", str(spec), str(out)], cwd=root,
+    proc = subprocess.run([sys.executable, "-m", "tests.sharding.test_tensor_parallel", str(spec), str(out)], cwd=root,
                           env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode:
         pytest.fail(f"sharded worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")

@@ -47,7 +47,7 @@ _WORKER = textwrap.dedent("""
     import json, sys
     import jax
     from jaxinfer import LLM, SamplingParams
-    from tests.test_tp_engine import BAD, CASES, ENGINE, PARAMS, _prompts
+    from tests.sharding.test_tp_engine import BAD, CASES, ENGINE, PARAMS, _prompts
     assert jax.device_count() == 8
     paths = json.loads(sys.argv[1])
     out = {"cases": {}, "errors": {}}
