@@ -117,6 +117,7 @@ def measure_step(plan, batch_size: int, context: int, dtype, steps: int) -> floa
 def run(args) -> dict:
     import sharding
     from jaxinfer.config.presets import preset_config
+    from jaxinfer.model.sharding_plan import ShardingPlan
 
     try:  # simulated CPU devices for the sizes the default backend lacks (only before jax starts)
         jax.config.update("jax_num_cpu_devices", max(args.tp_sizes))
@@ -136,7 +137,7 @@ def run(args) -> dict:
                   f"{len(jax.devices('cpu'))} CPU devices")
             continue
         try:
-            plan = sharding.ShardingPlan.create(cfg, sharding.make_mesh(n, n if args.expert_parallel else 1, devices))
+            plan = ShardingPlan.create(cfg, sharding.make_mesh(n, n if args.expert_parallel else 1, devices))
         except ValueError as e:
             print(f"TP={n}: skipped: {e}")
             continue

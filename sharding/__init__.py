@@ -20,21 +20,10 @@ Modules: ``mesh`` (the device mesh), ``rules`` (THE logical-axis -> mesh-axis ta
 from sharding.hlo import collectives_by_scope, count_collectives
 from sharding.mesh import ALL_DEVICES, EXPERT, TENSOR, make_mesh, parallel_sizes
 from sharding.ops import shard_attention, shard_moe
-from sharding.plan import ShardingPlan
 from sharding.rules import LOGICAL_AXIS_RULES, partition_spec, validate
 
 
-def param_shardings(cfg, mesh):
-    """Shardings of the sharded model's params (see ``ShardingPlan.param_shardings``)."""
-    return ShardingPlan.create(cfg, mesh).param_shardings()
-
-
-def kv_cache_sharding(cfg, mesh):
-    return ShardingPlan.create(cfg, mesh).kv_cache_sharding
-
-
 __all__ = [
-    "ALL_DEVICES", "EXPERT", "TENSOR", "LOGICAL_AXIS_RULES", "ShardingPlan", "collectives_by_scope",
-    "count_collectives", "kv_cache_sharding", "make_mesh", "parallel_sizes", "param_shardings", "partition_spec",
-    "shard_attention", "shard_moe", "validate",
+    "ALL_DEVICES", "EXPERT", "TENSOR", "LOGICAL_AXIS_RULES", "collectives_by_scope", "count_collectives",
+    "make_mesh", "parallel_sizes", "partition_spec", "shard_attention", "shard_moe", "validate",
 ]

@@ -42,7 +42,7 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
     """Return (ModelConfig, params pytree, Tokenizer | None, source description, ShardingPlan | None).
 
     With a ``mesh`` (tensor / expert parallelism), the checkpoint is validated against it before anything
-    is read (``sharding.ShardingPlan.create``: a clear ValueError), loaded straight into its shardings and
+    is read (``model.sharding_plan.ShardingPlan.create``: a clear ValueError), loaded straight into its shardings and
     placed as the sharded model's params; the returned config is the one the sharded model runs (KV heads
     replicated up to the device count if fewer). Without one, params sit on the default device (and on a
     single CPU device an MoE model's experts are unstacked, which XLA:CPU reads in place).
@@ -100,6 +100,6 @@ def _plan(cfg: ModelConfig, mesh, expert_parallel: bool):
                          "model is dense: turn expert parallelism off")
     if mesh is None:
         return None
-    from sharding import ShardingPlan
+    from jaxinfer.model.sharding_plan import ShardingPlan
 
     return ShardingPlan.create(cfg, mesh)

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 import sharding
 from jaxinfer.config.model import ModelConfig
 from jaxinfer.config.presets import preset_config
+from jaxinfer.model.sharding_plan import ShardingPlan
 from jaxinfer.model.weights import ParamSpec, param_specs
 from sharding import hlo, rules
 
@@ -107,7 +108,7 @@ def test_too_many_devices_fails_before_allocating():
 
 def test_single_device_plan_is_the_unsharded_model():
     cfg = _tiny()
-    plan = sharding.ShardingPlan.create(cfg, sharding.make_mesh(1))
+    plan = ShardingPlan.create(cfg, sharding.make_mesh(1))
     assert plan.cfg == cfg and plan.kv_head_repeats == 1
     assert plan.weight_bytes_per_device() == cfg.num_params * 4
 
@@ -152,7 +153,7 @@ def test_sharded_step_cross_lowers_for_cuda(arch, tp, ep, impl, hf_checkpoints):
     cfg = ModelConfig.from_pretrained(hf_checkpoints[arch])
     mesh = AbstractMesh((ep, tp // ep), ("expert", "tensor"), axis_types=(AxisType.Auto, AxisType.Auto),
                         abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
-    plan = sharding.ShardingPlan.create(cfg, mesh)
+    plan = ShardingPlan.create(cfg, mesh)
     batch = abstract_batch(StepShape(4, 4, 4, 1), 4, sharding=plan.batch_sharding)
     attn = get_attention_fn("pallas", query_width=1, sliding_window=None, interpret=False)
     step = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn(impl)),

@@ -69,6 +69,7 @@ def _worker(spec_path: str, out_dir: str) -> None:
     from jaxinfer.model.attention import get_attention_fn
     from jaxinfer.model.decoder import forward
     from jaxinfer.model.kv_cache import allocate_kv_cache
+    from jaxinfer.model.sharding_plan import ShardingPlan
     from jaxinfer.runner.batch_packing import WorkItem, pack
     from jaxinfer.runner.shape_plan import ShapePlan, StepShape
 
@@ -121,7 +122,7 @@ def _worker(spec_path: str, out_dir: str) -> None:
         if arch not in references:  # one device, XLA attention
             cache = allocate_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, jnp.float32)
             references[arch] = run(cfg, load_hf_params(path, cfg, jnp.float32), cache, "xla")
-        plan = sharding.ShardingPlan.create(cfg, sharding.make_mesh(tp, ep))
+        plan = ShardingPlan.create(cfg, sharding.make_mesh(tp, ep))
         params = plan.place_params(load_hf_params(path, cfg, jnp.float32, shardings=plan.load_shardings()))
         shard_shapes = {str(s.sharding.shard_shape(s.shape)) for s in jax.tree.leaves(params["layers"][0])}
         logits, tokens, hlo = run(cfg, params, plan.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE, jnp.float32),
@@ -145,7 +146,7 @@ def _worker(spec_path: str, out_dir: str) -> None:
         return
 
     cfg = preset_config(BIG[0])
-    plan = sharding.ShardingPlan.create(cfg, sharding.make_mesh(BIG[1]))
+    plan = ShardingPlan.create(cfg, sharding.make_mesh(BIG[1]))
     shape = StepShape(num_tokens=8, num_seqs=8, num_logits=8, query_width=1)
     batch = abstract_batch(shape, 64, sharding=plan.batch_sharding)
     attn = get_attention_fn("xla", query_width=1, sliding_window=None)

@@ -199,3 +199,12 @@ def _repeat_heads_fn(axis: int, head_dim: int, repeats: int, sharding):
         return heads.reshape(*shape[:axis], shape[axis] * repeats, *shape[axis + 1:])
 
     return jax.jit(repeat, out_shardings=sharding)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh) -> Any:
+    """Shardings of the sharded model's params (see ``ShardingPlan.param_shardings``)."""
+    return ShardingPlan.create(cfg, mesh).param_shardings()
+
+
+def kv_cache_sharding(cfg: ModelConfig, mesh: Mesh) -> NamedSharding:
+    return ShardingPlan.create(cfg, mesh).kv_cache_sharding
