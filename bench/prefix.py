@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from bench import hardware, report, serve
+from bench.workload import TimedRequest, arrival_offsets, engine_kwargs
 from jaxinfer import LLM
 
 
@@ -52,18 +53,17 @@ class PrefixSpec:
 
 
 def make_prefix_workload(spec: PrefixSpec, vocab_size: int, token_variant: int = 0,
-                         id_prefix: str = "req") -> list[serve.TimedRequest]:
+                         id_prefix: str = "req") -> list[TimedRequest]:
     """One shared document per ``token_variant``, a distinct question per request; the schedule and the
     lengths depend only on ``spec``."""
     rng = np.random.default_rng([spec.seed, 2])
-    arrivals = serve.arrival_offsets(spec.num_requests, spec.rate, spec.burstiness, rng)
+    arrivals = arrival_offsets(spec.num_requests, spec.rate, spec.burstiness, rng)
     q_lens = rng.integers(spec.question_len_range[0], spec.question_len_range[1] + 1, size=spec.num_requests)
     tok_rng = np.random.default_rng([spec.seed, 3, token_variant])
     doc = tok_rng.integers(0, vocab_size, size=spec.doc_len).tolist()
     return [
-        serve.TimedRequest(f"{id_prefix}-{i}", float(arrivals[i]),
-                           tuple(doc + tok_rng.integers(0, vocab_size, size=int(q_lens[i])).tolist()),
-                           spec.output_len)
+        TimedRequest(f"{id_prefix}-{i}", float(arrivals[i]),
+                     tuple(doc + tok_rng.integers(0, vocab_size, size=int(q_lens[i])).tolist()), spec.output_len)
         for i in range(spec.num_requests)
     ]
 
@@ -99,7 +99,7 @@ def run(args) -> dict:
                       args.rate, args.burstiness, args.seed)
     runs, model_info = {}, {}
     for caching in (False, True):
-        llm = LLM(model=args.model, **serve.engine_kwargs(args, spec, enable_prefix_caching=caching))
+        llm = LLM(model=args.model, **engine_kwargs(args, spec, enable_prefix_caching=caching))
         engine = llm.llm_engine
         vocab = engine.model_config.vocab_size
         model_info = {"model": engine.model_source, "num_params": engine.model_config.num_params,

@@ -50,78 +50,14 @@ from typing import Callable
 
 import numpy as np
 
-from bench import hardware, report
+from bench import hardware, report, serve_http
+from bench.workload import (DEFAULT_INPUT_LEN_RANGE, DEFAULT_OUTPUT_LEN_RANGE, TimedRequest, WorkloadSpec,
+                            engine_kwargs, make_workload, percentiles, workload_spec)
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.outputs import RequestOutput
 
-PERCENTILES = (50, 90, 99)
-DEFAULT_INPUT_LEN_RANGE = (32, 256)
-DEFAULT_OUTPUT_LEN_RANGE = (16, 256)
 MODES = ("static", "continuous")
 _POLL_S = 0.001  # how long the driver sleeps while a static batch is still forming
-
-
-# ---------------------------------------------------------------------------------------------- workload
-@dataclasses.dataclass(frozen=True)
-class TimedRequest:
-    request_id: str
-    arrival_s: float  # seconds after the start of the run
-    prompt_token_ids: tuple[int, ...]
-    output_len: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkloadSpec:
-    num_requests: int
-    rate: float  # requests per second; inf = all at once
-    burstiness: float  # gamma shape of the inter-arrival gaps; 1.0 = Poisson
-    input_len_range: tuple[int, int]  # inclusive; (n, n) = fixed
-    output_len_range: tuple[int, int]
-    seed: int
-
-    def __post_init__(self):
-        if self.num_requests < 1:
-            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
-        if not self.rate > 0:
-            raise ValueError(f"rate must be > 0 requests/s (inf = all at once), got {self.rate}")
-        if not self.burstiness > 0:
-            raise ValueError(f"burstiness (gamma shape) must be > 0, got {self.burstiness}")
-        for name in ("input_len_range", "output_len_range"):
-            lo, hi = getattr(self, name)
-            if not 1 <= lo <= hi:
-                raise ValueError(f"{name} must satisfy 1 <= low <= high, got {(lo, hi)}")
-
-    @property
-    def max_len(self) -> int:
-        return self.input_len_range[1] + self.output_len_range[1]
-
-    @property
-    def offered_output_tok_s(self) -> float:
-        """Mean output tokens per second the arrivals ask for (rate x mean output length)."""
-        return self.rate * sum(self.output_len_range) / 2
-
-
-def arrival_offsets(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times (s) of n requests: the first at 0, then gamma gaps of mean 1/rate and shape burstiness."""
-    if math.isinf(rate):
-        return np.zeros(n)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
-
-
-def make_workload(spec: WorkloadSpec, vocab_size: int, token_variant: int = 0, id_prefix: str = "req") -> list[TimedRequest]:
-    """The schedule and lengths depend only on ``spec``; the prompt tokens also on ``token_variant``, so a
-    warm-up can replay the same shapes with different tokens (no prefix-cache hits on the timed run)."""
-    rng = np.random.default_rng([spec.seed, 0])
-    arrivals = arrival_offsets(spec.num_requests, spec.rate, spec.burstiness, rng)
-    in_lens = rng.integers(spec.input_len_range[0], spec.input_len_range[1] + 1, size=spec.num_requests)
-    out_lens = rng.integers(spec.output_len_range[0], spec.output_len_range[1] + 1, size=spec.num_requests)
-    tok_rng = np.random.default_rng([spec.seed, 1, token_variant])
-    return [
-        TimedRequest(f"{id_prefix}-{i}", float(arrivals[i]),
-                     tuple(int(t) for t in tok_rng.integers(0, vocab_size, size=int(in_lens[i]))), int(out_lens[i]))
-        for i in range(spec.num_requests)
-    ]
 
 
 def greedy_params(req: TimedRequest) -> SamplingParams:
@@ -196,15 +132,6 @@ def replay(engine, workload: list[TimedRequest], params_for: Callable[[TimedRequ
 
 
 # ------------------------------------------------------------------------------------------------ metrics
-def percentiles(values) -> dict:
-    """P50/P90/P99 (linear interpolation, so ordered) and the mean; NaN for no values."""
-    v = np.asarray(list(values), dtype=np.float64)
-    if v.size == 0:
-        return {**{f"p{p}": math.nan for p in PERCENTILES}, "mean": math.nan}
-    qs = np.percentile(v, PERCENTILES)
-    return {**{f"p{p}": float(q) for p, q in zip(PERCENTILES, qs)}, "mean": float(v.mean())}
-
-
 def summarize(trace: Trace, workload: list[TimedRequest]) -> dict:
     """Per-request records, latency percentiles, throughput and the occupancy timeline of one replay."""
     missing = [r.request_id for r in workload if r.request_id not in trace.outputs]
@@ -252,14 +179,6 @@ def summarize(trace: Trace, workload: list[TimedRequest]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- running
-def engine_kwargs(args, spec, **overrides) -> dict:
-    """LLM(...) keyword arguments from the shared command-line options; ``spec.max_len`` bounds the context."""
-    kw = dict(dtype=args.dtype, max_model_len=max(spec.max_len, args.max_model_len or 0), max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
-    kw.update(overrides)
-    return kw
-
-
 def measure(llm: LLM, build_workload: Callable[[int, str], list[TimedRequest]], passes: int,
             params_for: Callable[[TimedRequest], SamplingParams] = greedy_params) -> dict:
     """Replay the workload ``passes`` times on ``llm``'s engine and summarize each pass.
@@ -290,17 +209,6 @@ def measure(llm: LLM, build_workload: Callable[[int, str], list[TimedRequest]], 
                          "num_compilations_during_run": r["num_compilations_during_run"]} for r in summaries]
     steady["num_compilations_after_start"] = engine.stats()["num_compilations_after_start"]
     return steady
-
-
-def workload_spec(args) -> WorkloadSpec:
-    def lens(fixed, rng_arg, default):
-        if fixed is not None:
-            return (fixed, fixed)
-        return tuple(rng_arg) if rng_arg is not None else default
-
-    return WorkloadSpec(args.num_requests, args.rate, args.burstiness,
-                        lens(args.input_len, args.input_len_range, DEFAULT_INPUT_LEN_RANGE),
-                        lens(args.output_len, args.output_len_range, DEFAULT_OUTPUT_LEN_RANGE), args.seed)
 
 
 def _ms(x: float) -> float:
@@ -341,8 +249,6 @@ def compare_ratios(static: dict, continuous: dict) -> dict:
 
 def run(args) -> dict:
     if args.url or args.launch:  # the same workload through an OpenAI-compatible HTTP server
-        from bench import serve_http
-
         return serve_http.run(args)
     spec = workload_spec(args)
     modes = MODES if args.compare else (args.batching,)
@@ -418,6 +324,4 @@ def add_arguments(p) -> None:
     p.add_argument("--compare", action="store_true", help="run static and continuous on the same schedule")
     p.add_argument("--static-batch-timeout", type=float, default=0.5,
                    help="static batching: longest wait to fill a batch when the engine is idle (s)")
-    from bench import serve_http
-
     serve_http.add_arguments(p)

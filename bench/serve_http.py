@@ -1,6 +1,6 @@
 """``jaxinfer-bench serve --url URL`` / ``--launch``: the serving bench through an OpenAI-compatible HTTP server.
 
-The workload is ``bench/serve.py``'s (same Poisson schedule, prompt and output lengths, token-id prompts,
+The workload is ``bench/serve.py``'s, from ``bench/workload.py`` (same Poisson schedule, prompt and output lengths, token-id prompts,
 greedy with ``ignore_eos`` so every request produces exactly its output length, the same passes with other
 prompt tokens each). An asyncio client (httpx) sends each request at its arrival time as a streaming
 ``POST /v1/completions`` and times it on the client side, as ``vllm bench serve`` does: TTFT (arrival to
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import hardware, report
-from bench.serve import TimedRequest, make_workload, percentiles, workload_spec
+from bench.workload import TimedRequest, engine_kwargs, make_workload, percentiles, workload_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,9 +135,7 @@ def _free_port() -> int:
 
 
 def launch_server(args, spec, log_path: str | None = None) -> tuple[subprocess.Popen, str]:
-    """``jaxinfer serve`` with the engine settings of the in-process run (``bench.serve.engine_kwargs``)."""
-    from bench.serve import engine_kwargs
-
+    """``jaxinfer serve`` with the engine settings of the in-process run (``bench.workload.engine_kwargs``)."""
     port = _free_port()
     kw = engine_kwargs(args, spec, batching=args.batching, static_batch_timeout_s=args.static_batch_timeout)
     cmd = [sys.executable, "-m", "jaxinfer.cli", "serve", *([args.model] if args.model else []),

@@ -27,6 +27,7 @@ import numpy as np
 import scipy.optimize
 
 from bench import hardware, report, serve
+from bench.workload import WorkloadSpec, make_workload, workload_spec
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.core.block_manager import BlockManager
 from jaxinfer.core.scheduler import Scheduler, SchedulerConfig
@@ -141,7 +142,7 @@ def simulate(workload, cost, *, batching: str, max_num_seqs: int, max_num_batche
 
 
 def run(args) -> dict:
-    spec = serve.workload_spec(args)
+    spec = workload_spec(args)
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=max(spec.max_len, max(FIT_PROMPT_LENS) + 64),
               max_num_seqs=max(args.max_num_seqs, max(FIT_BATCHES)), max_num_batched_tokens=args.max_num_batched_tokens,
               enable_prefix_caching=False, seed=args.seed)
@@ -155,8 +156,8 @@ def run(args) -> dict:
     }
     rows, results = [], []
     for rate in args.rates:
-        workload = serve.make_workload(serve.WorkloadSpec(spec.num_requests, rate, spec.burstiness, spec.input_len_range,
-                                                          spec.output_len_range, spec.seed), llm.llm_engine.model_config.vocab_size)
+        workload = make_workload(WorkloadSpec(spec.num_requests, rate, spec.burstiness, spec.input_len_range,
+                                              spec.output_len_range, spec.seed), llm.llm_engine.model_config.vocab_size)
         for name, cost in models.items():
             sim = {mode: simulate(workload, cost, batching=mode, max_num_seqs=args.max_num_seqs,
                                   max_num_batched_tokens=args.max_num_batched_tokens, max_len=spec.max_len,

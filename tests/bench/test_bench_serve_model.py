@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench import serve
+from bench.workload import TimedRequest, WorkloadSpec, make_workload
 from bench.serve_model import fit_cost, simulate
 
 
@@ -43,7 +44,7 @@ def test_fit_is_the_best_non_negative_fit():
 def test_simulated_steps_are_costed_by_what_they_hold():
     """One request (3-token prompt, 3 output tokens): a prefill step of 3 tokens (1 + 2 + 3 = 6 query-key
     pairs), then two decodes attending to 4 and 5 keys."""
-    workload = [serve.TimedRequest("r", 0.0, (5, 6, 7), 3)]
+    workload = [TimedRequest("r", 0.0, (5, 6, 7), 3)]
     steps = []
 
     def cost(n, ctx, pre, pairs):
@@ -71,8 +72,8 @@ def test_fit_recovers_a_known_cost_model():
 
 
 def _workload(rate, n=12):
-    spec = serve.WorkloadSpec(n, rate, 1.0, (20, 60), (5, 40), seed=3)
-    return serve.make_workload(spec, vocab_size=100), spec.max_len
+    spec = WorkloadSpec(n, rate, 1.0, (20, 60), (5, 40), seed=3)
+    return make_workload(spec, vocab_size=100), spec.max_len
 
 
 def _sim(workload, max_len, batching, max_num_seqs, cost=lambda n, ctx, pre, pairs: 0.01):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bench import prefix, serve
+from bench.workload import TimedRequest, WorkloadSpec, arrival_offsets, make_workload, percentiles, workload_spec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -41,7 +42,7 @@ def _assert_ordered(stats: dict) -> None:
     assert all(math.isfinite(stats[k]) and stats[k] >= 0 for k in ("p50", "p90", "p99", "mean"))
 
 
-def _assert_run(run: dict, workload: list[serve.TimedRequest]) -> None:
+def _assert_run(run: dict, workload: list[TimedRequest]) -> None:
     requested = {r.request_id: r.output_len for r in workload}
     assert run["num_requests"] == len(workload) == len(run["requests"])
     for q in run["requests"]:
@@ -66,19 +67,19 @@ def _assert_run(run: dict, workload: list[serve.TimedRequest]) -> None:
 
 def test_arrival_offsets_match_rate_and_shape():
     rng = np.random.default_rng(0)
-    poisson = serve.arrival_offsets(20001, rate=4.0, burstiness=1.0, rng=rng)
+    poisson = arrival_offsets(20001, rate=4.0, burstiness=1.0, rng=rng)
     gaps = np.diff(poisson)
     assert poisson[0] == 0 and np.all(gaps >= 0)
     assert gaps.mean() == pytest.approx(0.25, rel=0.03)
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: CV 1
-    bursty = np.diff(serve.arrival_offsets(20001, rate=4.0, burstiness=0.25, rng=rng))
+    bursty = np.diff(arrival_offsets(20001, rate=4.0, burstiness=0.25, rng=rng))
     assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.1)  # gamma shape k: CV 1/sqrt(k)
-    assert np.all(serve.arrival_offsets(5, math.inf, 1.0, rng) == 0)
+    assert np.all(arrival_offsets(5, math.inf, 1.0, rng) == 0)
 
 
 def test_workload_variants_share_schedule_not_tokens():
-    spec = serve.WorkloadSpec(8, 10.0, 1.0, (3, 9), (2, 7), seed=3)
-    a, b = serve.make_workload(spec, 100, 0), serve.make_workload(spec, 100, 1)
+    spec = WorkloadSpec(8, 10.0, 1.0, (3, 9), (2, 7), seed=3)
+    a, b = make_workload(spec, 100, 0), make_workload(spec, 100, 1)
     assert [(r.arrival_s, len(r.prompt_token_ids), r.output_len) for r in a] == \
            [(r.arrival_s, len(r.prompt_token_ids), r.output_len) for r in b]
     assert [r.prompt_token_ids for r in a] != [r.prompt_token_ids for r in b]
@@ -88,10 +89,10 @@ def test_workload_variants_share_schedule_not_tokens():
 
 def test_percentiles_against_numpy():
     v = np.random.default_rng(1).exponential(size=101)
-    p = serve.percentiles(v)
+    p = percentiles(v)
     assert p["p50"] == pytest.approx(np.median(v)) and p["mean"] == pytest.approx(v.mean())
     assert p["p99"] == pytest.approx(np.sort(v)[99])  # linear interpolation: index 0.99 * 100
-    assert math.isnan(serve.percentiles([])["p50"])
+    assert math.isnan(percentiles([])["p50"])
 
 
 def test_serve_compare(tiny_llama, tmp_path):
@@ -103,7 +104,7 @@ def test_serve_compare(tiny_llama, tmp_path):
         "--max-model-len", "64", "--compare", "--plot", str(tmp_path / "plots"), "--output", str(out)])
     payload = serve.run(args)
     assert json.loads(out.read_text())["runs"].keys() == {"static", "continuous"}
-    workload = serve.make_workload(serve.workload_spec(args), 256)
+    workload = make_workload(workload_spec(args), 256)
     for mode in ("static", "continuous"):
         run = payload["runs"][mode]
         assert run["batching"] == mode
@@ -124,7 +125,7 @@ def test_serve_single_mode_fixed_lengths_one_pass(tiny_llama):
     payload = serve.run(args)
     assert list(payload["runs"]) == ["continuous"] and payload["ratios"] is None and payload["plots"] == {}
     run = payload["runs"]["continuous"]
-    _assert_run(run, serve.make_workload(serve.workload_spec(args), 256))
+    _assert_run(run, make_workload(workload_spec(args), 256))
     assert all(q["input_len"] == 5 for q in run["requests"])
     assert run["max_batch_occupancy"] == 3  # all arrive at once and fit in one batch
     assert len(run["occupancy"]) == 4  # one step per output token (prefill samples the first)
