@@ -6,23 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import compare, kernels, latency, moe, paged, phase1, prefix, quant, serve, serve_model, spec, startup, tp
+from bench import registry
 
-EXPERIMENTS = {
-    "latency": latency,
-    "compare": compare,
-    "kernels": kernels,
-    "spec": spec,
-    "serve": serve,
-    "prefix": prefix,
-    "serve-model": serve_model,
-    "startup": startup,
-    "paged": paged,
-    "phase1": phase1,
-    "tp": tp,
-    "moe": moe,
-    "quant": quant,
-}
+EXPERIMENTS = {name: registry.load(name) for name in registry.EXPERIMENTS}  # name -> module, in --help order
 
 
 def main(argv: list[str] | None = None) -> int:

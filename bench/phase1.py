@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import report
+from bench import registry, report
 
 OPTIMIZATIONS = ("continuous_batching", "paged_attention", "prefix_caching", "speculative_decoding",
                  "tensor_parallel", "moe", "quantization")
@@ -211,7 +211,7 @@ def run_row(row: Row, settings: str, out_dir: Path, available: set[str], timeout
 def run(args) -> dict:
     import jax
 
-    from bench import cli, hardware
+    from bench import hardware
 
     quick = args.quick if args.quick is not None else jax.default_backend() == "cpu"
     settings = "tiny" if args.tiny else "quick" if quick else "full"
@@ -223,7 +223,7 @@ def run(args) -> dict:
     rows = []
     for row in selected:
         timeout = None if deadline is None else deadline - time.monotonic()
-        rows.append(run_row(row, settings, out_dir, set(cli.EXPERIMENTS), timeout))
+        rows.append(run_row(row, settings, out_dir, set(registry.EXPERIMENTS), timeout))
         report.write_json(args.output, {"benchmark": "phase1", "settings": settings, "machine": machine,
                                         "results_dir": str(out_dir), "rows": rows, "complete": False})
     report.print_table(

@@ -1,0 +1,32 @@
+"""The ``jaxinfer-bench`` experiments: subcommand name -> the bench module that implements it.
+
+Pure data (it imports no bench module), so that both the CLI, which loads every module to build its
+subcommands, and ``phase1``, which only asks which experiments exist, read one table without importing
+each other. The order is the order of ``jaxinfer-bench --help``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+EXPERIMENTS = {
+    "latency": "bench.latency",
+    "compare": "bench.compare",
+    "kernels": "bench.kernels",
+    "spec": "bench.spec",
+    "serve": "bench.serve",
+    "prefix": "bench.prefix",
+    "serve-model": "bench.serve_model",
+    "startup": "bench.startup",
+    "paged": "bench.paged",
+    "phase1": "bench.phase1",
+    "tp": "bench.tp",
+    "moe": "bench.moe",
+    "quant": "bench.quant",
+}
+
+
+def load(name: str) -> ModuleType:
+    """The module of experiment ``name`` (it has ``add_arguments(parser)`` and ``run(args)``)."""
+    return importlib.import_module(EXPERIMENTS[name])
