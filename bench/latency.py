@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from bench import hardware, report
+from bench.workload import random_prompts
 from jaxinfer import LLM, SamplingParams
 
 
@@ -26,9 +27,8 @@ def run_batch(llm: LLM, batch_size: int, input_len: int, output_len: int, seed: 
     vocab = engine.model_config.vocab_size
     rng = np.random.default_rng(seed)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    for i in range(batch_size):
-        ids = rng.integers(0, vocab, size=input_len).tolist()
-        engine.add_request(f"b{batch_size}-{seed}-{i}", {"prompt_token_ids": ids}, params)
+    for i, prompt in enumerate(random_prompts(rng, batch_size, input_len, vocab)):
+        engine.add_request(f"b{batch_size}-{seed}-{i}", prompt, params)
     t0 = time.perf_counter()
     while engine.stats()["num_waiting"] or any(s.num_output_tokens == 0 for s in engine.scheduler.running):
         engine.step()

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from bench import hardware, report
+from bench.workload import random_prompts
 from jaxinfer import LLM, SamplingParams
 
 
@@ -32,7 +33,7 @@ def batch_sweep(llm: LLM, batch_sizes, input_len: int, output_len: int, seed: in
     rows = []
     for b in batch_sizes:
         rng = np.random.default_rng([seed, b])
-        prompts = [{"prompt_token_ids": rng.integers(0, vocab, size=input_len).tolist()} for _ in range(b)]
+        prompts = random_prompts(rng, b, input_len, vocab)
         t = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t

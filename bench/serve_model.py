@@ -27,7 +27,7 @@ import numpy as np
 import scipy.optimize
 
 from bench import hardware, report, serve
-from bench.workload import WorkloadSpec, make_workload, workload_spec
+from bench.workload import WorkloadSpec, make_workload, random_prompts, workload_spec
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.core.block_manager import BlockManager
 from jaxinfer.core.scheduler import Scheduler, SchedulerConfig
@@ -73,9 +73,8 @@ def measure_steps(llm: LLM, seed: int) -> list[tuple[int, int, int, int, float]]
         for length in FIT_PROMPT_LENS:
             for timed in (False, True):
                 params = SamplingParams(temperature=0.0, max_tokens=FIT_DECODE_STEPS + 1, ignore_eos=True)
-                for i in range(n):
-                    ids = rng.integers(0, vocab, size=length).tolist()
-                    engine.add_request(f"fit-{n}-{length}-{timed}-{i}", {"prompt_token_ids": ids}, params)
+                for i, prompt in enumerate(random_prompts(rng, n, length, vocab)):
+                    engine.add_request(f"fit-{n}-{length}-{timed}-{i}", prompt, params)
                 while engine.has_unfinished_requests():
                     sample = _step_sample(engine)
                     if timed and sample is not None:

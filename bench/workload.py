@@ -1,10 +1,12 @@
-"""The request workloads the serving benches share, so that no bench module imports another for them.
+"""The request workloads the benches share, so that no bench module imports another for them.
 
 ``serve`` (in process), ``serve_http`` (the same workload through an OpenAI-compatible server), ``prefix``
 and ``serve-model`` all replay lists of ``TimedRequest``: an arrival time, a prompt of token ids and an
 output length. Here are the workload itself (``WorkloadSpec``, the arrival process, ``make_workload``, the
 spec from the command line), the engine settings a workload runs under (``engine_kwargs``), and the
-percentile summary both the in-process driver and the HTTP client report. Nothing here imports JAX.
+percentile summary both the in-process driver and the HTTP client report. ``random_prompts`` builds the
+batches of random-token prompts that ``latency``, ``paged`` and ``serve-model`` send all at once. Nothing
+here imports JAX.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ def make_workload(spec: WorkloadSpec, vocab_size: int, token_variant: int = 0, i
                      tuple(int(t) for t in tok_rng.integers(0, vocab_size, size=int(in_lens[i]))), int(out_lens[i]))
         for i in range(spec.num_requests)
     ]
+
+
+def random_prompts(rng: np.random.Generator, batch_size: int, prompt_len: int, vocab_size: int) -> list[dict]:
+    """``batch_size`` prompts (``{"prompt_token_ids": [...]}``) of ``prompt_len`` token ids each, uniform below
+    ``vocab_size``, drawn from ``rng`` one prompt after the other (a caller's seeding fixes the tokens)."""
+    return [{"prompt_token_ids": rng.integers(0, vocab_size, size=prompt_len).tolist()} for _ in range(batch_size)]
 
 
 def workload_spec(args) -> WorkloadSpec:

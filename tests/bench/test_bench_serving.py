@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from bench import prefix, serve
-from bench.workload import TimedRequest, WorkloadSpec, arrival_offsets, make_workload, percentiles, workload_spec
+from bench.workload import (TimedRequest, WorkloadSpec, arrival_offsets, make_workload, percentiles, random_prompts,
+                            workload_spec)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -85,6 +86,14 @@ def test_workload_variants_share_schedule_not_tokens():
     assert [r.prompt_token_ids for r in a] != [r.prompt_token_ids for r in b]
     assert all(3 <= len(r.prompt_token_ids) <= 9 and 2 <= r.output_len <= 7 for r in a)
     assert all(0 <= t < 100 for r in a for t in r.prompt_token_ids)
+
+
+def test_random_prompts_draw_one_prompt_after_the_other():
+    """The batch builder of latency / paged / serve-model: the same draws as one ``rng.integers`` per prompt."""
+    prompts = random_prompts(np.random.default_rng([0, 4]), 4, 7, 50)
+    rng = np.random.default_rng([0, 4])
+    assert prompts == [{"prompt_token_ids": rng.integers(0, 50, size=7).tolist()} for _ in range(4)]
+    assert all(len(p["prompt_token_ids"]) == 7 and all(type(t) is int for t in p["prompt_token_ids"]) for p in prompts)
 
 
 def test_percentiles_against_numpy():
