@@ -1,12 +1,14 @@
-"""The two model pieces that run per device under ``jax.shard_map`` instead of being auto-partitioned.
+"""The two kinds of block that run per device under ``jax.shard_map`` instead of being auto-partitioned.
 
 * ``shard_attention(attn_fn, mesh)``: the given ragged paged attention (XLA path or the Pallas kernel) on
   each device's own query heads and KV cache shard; block tables and lengths are replicated. No
   communication: heads are independent. ``check_vma=False`` because a ``pallas_call`` inside
   ``shard_map`` fails the varying-manual-axes check (FACTS.md).
-* ``shard_moe(mesh, cfg)``: the MoE block with tokens replicated, each device computing its local experts
-  (its slice of the expert axis, and of each expert's FFN) plus its slice of the shared expert, then one
-  ``psum`` over the mesh. Works on every platform (``ragged_all_to_all`` does not exist on XLA:CPU).
+* ``shard_moe(block_fn, mesh, param_axes, experts_per_device)``: a mixture-of-experts block with tokens
+  replicated, each device computing its local experts (its slice of the expert axis, and of each expert's
+  FFN) plus its slice of any dense part (a shared expert), then one ``psum`` over the mesh. The caller hands
+  in the block (told which global expert its first local one is) and the logical axes of the params it
+  reads. Works on every platform (``ragged_all_to_all`` does not exist on XLA:CPU).
 
 Everything else (embedding, projections, norms, the dense MLP, the LM head) is plain ``jit`` over sharded
 arrays on an Auto mesh: XLA's partitioner inserts the Megatron all-reduces.
@@ -15,17 +17,13 @@ arrays on an Auto mesh: XLA's partitioner inserts the Megatron all-reduces.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 
 import jax
 from jax.sharding import Mesh, PartitionSpec
 
-from jaxinfer.config.model import ModelConfig
-from jaxinfer.model import moe, weights
 from sharding.mesh import ALL_DEVICES, EXPERT
 from sharding.rules import HEADS_ACTIVATION_AXES, KV_CACHE_AXES, partition_spec
-
-MOE_KEYS = ("router", "expert_w_gate", "expert_w_up", "expert_w_down",
-            "shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 
 def shard_attention(attn_fn, mesh: Mesh):
@@ -42,24 +40,27 @@ def shard_attention(attn_fn, mesh: Mesh):
     return sharded
 
 
-def shard_moe(mesh: Mesh, cfg: ModelConfig, impl: str = "auto"):
-    """A ``moe_fn(lp, x, valid, cfg)`` for ``model.forward``: local experts + one psum (see module doc)."""
+def shard_moe(block_fn: Callable, mesh: Mesh, param_axes: Mapping[str, tuple], experts_per_device: int):
+    """``fn(params, x, valid)``: ``block_fn`` on each device's shards, summed over the mesh (see module doc).
+
+    ``block_fn(params, x, valid, expert_offset)`` returns one device's partial output: ``params`` holds that
+    device's shards of the arrays named in ``param_axes`` (key -> logical axes of that array), of which the
+    experts are the global ones ``expert_offset .. expert_offset + experts_per_device - 1``. ``params`` given
+    to ``fn`` may hold more keys; only ``param_axes``' go in. ``x`` and ``valid`` are replicated, and so is
+    the result."""
+    keys = tuple(param_axes)
     if mesh.size == 1:  # nothing to split: no shard_map, no (trivial) all-reduce
-        return functools.partial(moe.moe_block, impl=impl)
-    layer_specs = weights.param_specs(cfg)["layers"][0]
-    keys = tuple(k for k in MOE_KEYS if k in layer_specs)
-    param_specs = {k: partition_spec(layer_specs[k].logical_axes) for k in keys}
-    num_local = cfg.num_experts // mesh.shape[EXPERT]
+        return lambda params, x, valid: block_fn({k: params[k] for k in keys}, x, valid, expert_offset=0)
+    specs = {k: partition_spec(param_axes[k]) for k in keys}
     rep = PartitionSpec()
 
-    def local(lp, x, valid):
-        offset = jax.lax.axis_index(EXPERT) * num_local
-        partial = moe.moe_block(lp, x, valid, cfg, expert_offset=offset, impl=impl)
-        return jax.lax.psum(partial, ALL_DEVICES)
+    def local(params, x, valid):
+        offset = jax.lax.axis_index(EXPERT) * experts_per_device
+        return jax.lax.psum(block_fn(params, x, valid, expert_offset=offset), ALL_DEVICES)
 
-    def moe_fn(lp, x, valid, cfg_):
-        sub = {k: lp[k] for k in keys}
-        return jax.shard_map(local, mesh=mesh, in_specs=(param_specs, rep, rep), out_specs=rep,
+    def sharded(params, x, valid):
+        sub = {k: params[k] for k in keys}
+        return jax.shard_map(local, mesh=mesh, in_specs=(specs, rep, rep), out_specs=rep,
                              check_vma=False)(sub, x, valid)
 
-    return moe_fn
+    return sharded

@@ -1,8 +1,9 @@
-"""The one table from logical axes to mesh axes, and the checks that a model fits a mesh.
+"""The one table from logical axes to mesh axes, and the checks that a model's sizes fit a mesh.
 
-Every array the engine shards names its dimensions with logical axes: the params through
-``jaxinfer.model.weights`` (one ``ParamSpec`` per leaf), the KV cache and the step's activations here. Their
-shardings all come from ``LOGICAL_AXIS_RULES``; a new layer kind adds rows to it, not code elsewhere.
+Every array that is sharded names its dimensions with logical axes (the caller declares them: one tuple of
+names per param leaf, and here the KV cache and the attention activations). Their shardings all come from
+``LOGICAL_AXIS_RULES``; a new layer kind adds rows to it, not code elsewhere. Nothing here knows a model
+config: ``validate`` takes head counts as ints and the other split dimensions as ``(name, size, axis)``.
 
 The layout is Megatron's: q/k/v and gate/up are column-parallel (their output axis split), o and down
 row-parallel (their input axis split), so a dense layer's attention and MLP each end in one all-reduce;
@@ -11,9 +12,12 @@ the embedding and LM head are split over the vocabulary; the residual stream (``
 
 from __future__ import annotations
 
-from jax.sharding import PartitionSpec
+from collections.abc import Iterable
+from typing import Any
 
-from jaxinfer.config.model import ModelConfig
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
 from sharding.mesh import ALL_DEVICES, EXPERT, TENSOR, check_parallel_sizes
 
 # logical axis -> the mesh axes it is split over (empty: replicated)
@@ -57,43 +61,43 @@ def shards(logical_axis: str | None, tensor_parallel_size: int, expert_parallel_
     return n
 
 
-def kv_heads_on_devices(cfg: ModelConfig, tensor_parallel_size: int) -> int:
+def named_sharding(mesh: Mesh, logical_axes) -> NamedSharding:
+    """Where an array whose dimensions are named by ``logical_axes`` lives on ``mesh``."""
+    return NamedSharding(mesh, partition_spec(logical_axes))
+
+
+def tree_shardings(mesh: Mesh, logical_axes_tree: Any) -> Any:
+    """``named_sharding`` of every leaf of a pytree whose leaves are tuples of logical axes (e.g. the
+    logical axes of each param of a model)."""
+    return jax.tree.map(lambda axes: named_sharding(mesh, axes), logical_axes_tree,
+                        is_leaf=lambda a: isinstance(a, tuple))
+
+
+def kv_heads_on_devices(num_kv_heads: int, tensor_parallel_size: int) -> int:
     """KV heads the sharded model keeps: ``num_kv_heads``, or ``tensor_parallel_size`` when that is larger
     (each KV head is then replicated ``tp // num_kv_heads`` times, so every device holds exactly the one
     head its query heads read: GQA with fewer KV heads than devices, and MQA)."""
-    return max(cfg.num_kv_heads, tensor_parallel_size)
+    return max(num_kv_heads, tensor_parallel_size)
 
 
-def validate(cfg: ModelConfig, tensor_parallel_size: int, expert_parallel_size: int = 1,
-             num_devices: int | None = None) -> None:
-    """ValueError, naming the setting to change, if ``cfg`` cannot be split this way. Pure: run it before
-    anything is allocated."""
+def validate(tensor_parallel_size: int, expert_parallel_size: int = 1, *, num_heads: int, num_kv_heads: int,
+             dims: Iterable[tuple[str, int, str | None]] = (), num_devices: int | None = None) -> None:
+    """ValueError, naming the setting to change, if a model of these sizes cannot be split this way. Pure:
+    run it before anything is allocated. ``dims``: the other split dimensions as ``(name, size,
+    logical_axis)``, e.g. ``("vocab_size", 151936, "vocab")``; each must divide evenly."""
     tp, ep = tensor_parallel_size, expert_parallel_size
     check_parallel_sizes(tp, ep, num_devices)
-    if ep > 1 and not cfg.is_moe:
+    if num_heads % tp:
         raise ValueError(
-            f"expert parallelism (expert_parallel_size={ep}) needs a mixture-of-experts model; "
-            f"this {cfg.architecture} model is dense: turn expert parallelism off"
+            f"num_attention_heads={num_heads} is not divisible by tensor_parallel_size={tp}: "
+            f"use a tensor_parallel_size that divides it ({_divisors(num_heads)})"
         )
-    if cfg.num_heads % tp:
+    if num_kv_heads % tp and tp % num_kv_heads:
         raise ValueError(
-            f"num_attention_heads={cfg.num_heads} is not divisible by tensor_parallel_size={tp}: "
-            f"use a tensor_parallel_size that divides it ({_divisors(cfg.num_heads)})"
-        )
-    if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
-        raise ValueError(
-            f"num_key_value_heads={cfg.num_kv_heads} and tensor_parallel_size={tp}: one must divide the other "
+            f"num_key_value_heads={num_kv_heads} and tensor_parallel_size={tp}: one must divide the other "
             "(the KV heads are split over the devices, or replicated so each device holds one)"
         )
-    sizes = [("vocab_size", cfg.vocab_size, "vocab")]
-    if cfg.is_moe:
-        sizes.append(("num_experts", cfg.num_experts, "experts"))
-        sizes.append(("moe_intermediate_size", cfg.moe_intermediate_size, "expert_mlp"))
-        if cfg.shared_expert_intermediate_size:
-            sizes.append(("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size, "mlp"))
-    else:
-        sizes.append(("intermediate_size", cfg.intermediate_size, "mlp"))
-    for name, value, axis in sizes:
+    for name, value, axis in dims:
         n = shards(axis, tp, ep)
         if value % n:
             raise ValueError(

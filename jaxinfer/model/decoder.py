@@ -9,7 +9,7 @@ place. The params layout is declared in ``jaxinfer.model.weights``; every projec
 ``jaxinfer.model.linear.linear``; an MoE layer's MLP is ``moe_fn`` (``jaxinfer.model.moe.moe_block`` by default).
 
 The model knows nothing of devices: run under ``jit`` with sharded params and cache, and with ``attn_fn`` /
-``moe_fn`` wrapped by ``sharding.ops`` (``shard_map`` over the local heads / experts), it is the
+``moe_fn`` wrapped by ``jaxinfer.model.sharding_plan`` (``shard_map`` over the local heads / experts), it is the
 tensor- and expert-parallel model. Each layer runs in a ``jax.named_scope`` ("layer3"), so compiled
 collectives can be attributed to layers.
 """

@@ -3,7 +3,7 @@
 Layout, per layer: ``k`` and ``v`` of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``. A cache slot
 ``s`` is block ``s // block_size``, offset ``s % block_size``. The whole cache is a list (one entry per layer) of
 ``(k, v)`` tuples and is donated to the jitted step, which updates it in place. Under tensor parallelism
-each array is sharded over the KV-head axis (``sharding.ShardingPlan.kv_cache_sharding``): every device holds
+each array is sharded over the KV-head axis (``model.sharding_plan.ShardingPlan.kv_cache_sharding``): every device holds
 all blocks for its own heads, so the block ids are the same on every device.
 
 With ``kv_cache_dtype="fp8"`` the arrays are float8_e4m3fn (on the CPU: their bytes typed int8, see

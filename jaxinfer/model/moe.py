@@ -177,8 +177,8 @@ def shared_expert(lp, x):
 def moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "auto"):
     """The MoE MLP of one layer: x [T, H] -> [T, H]; ``valid`` [T] marks real (non-padding) tokens.
 
-    Under expert or tensor parallelism (see ``sharding.ops.shard_moe``) ``lp`` holds this device's shards
-    and the result is this device's partial sum."""
+    Under expert or tensor parallelism (see ``ShardingPlan.moe_fn`` in ``jaxinfer.model.sharding_plan``)
+    ``lp`` holds this device's shards and the result is this device's partial sum."""
     weights, ids = route(x, lp["router"], cfg, valid)
     out = routed_experts(x, weights, ids, valid, lp["expert_w_gate"], lp["expert_w_up"], lp["expert_w_down"],
                          expert_offset=expert_offset, impl=impl)

@@ -1,18 +1,32 @@
 """A model laid over a mesh: which config the sharded model runs, and where every array lives.
 
-``ShardingPlan.create(cfg, mesh)`` validates (``rules.validate``: a clear ValueError before anything is
+The engine's side of tensor / expert parallelism: it knows the model config, the weights declaration
+(``jaxinfer.model.weights``), the MoE block, the KV cache and quantized weights, and hands the top-level
+``sharding`` package (which knows none of them) logical axes, head counts and functions to wrap::
+
+    mesh = sharding.make_mesh(tensor_parallel_size, expert_parallel_size)   # over jax.devices()
+    plan = ShardingPlan.create(cfg, mesh)                                   # ValueError if cfg cannot split so
+    params = loader.load_hf_params(path, cfg, dtype, shardings=plan.load_shardings())
+    params = plan.place_params(params)                                      # KV heads replicated if tp > kv heads
+    kv_cache = plan.allocate_kv_cache(num_blocks, block_size, dtype)
+    step = jax.jit(lambda p, c, b: model.forward(p, c, b, plan.cfg, plan.shard_attention(attn_fn),
+                                                 moe_fn=plan.moe_fn()),
+                   in_shardings=(plan.param_shardings(), plan.kv_cache_sharding, plan.batch_sharding),
+                   out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
+
+``ShardingPlan.create(cfg, mesh)`` validates (``validate``: a clear ValueError before anything is
 allocated) and fixes the one way the sharded model differs from the checkpoint: when the tensor-parallel
 size exceeds the number of KV heads, each KV head is replicated so that every device holds the head its
 query heads read (``plan.cfg.num_kv_heads == tp``; the model is mathematically the same, since GQA over
 repeated KV heads is GQA over the originals). The k/v projections (and biases) are expanded the same way
 by ``place_params``, so they stay column-parallel: each device computes just its own KV head.
 
-From the plan come the shardings of the params (derived from ``jaxinfer.model.weights``' logical axes through
-``rules.LOGICAL_AXIS_RULES``), of the KV cache (split by KV head: every device holds every block for its
-heads, so the host's block ids are valid on every device), of the step batch (replicated), and of the
+From the plan come the shardings of the params (the weights declaration's logical axes through
+``sharding.rules.LOGICAL_AXIS_RULES``), of the KV cache (split by KV head: every device holds every block for
+its heads, so the host's block ids are valid on every device), of the step batch (replicated), and of the
 logits (replicated: the LM head is vocab-parallel and only the rows that are sampled are gathered).
-A quantized weight (``jaxinfer.quantization.quantized_weight.QuantizedWeight``) is placed with its scales sharded like its
-output channels (``quantized_shardings``).
+A quantized weight (``jaxinfer.quantization.quantized_weight.QuantizedWeight``) is placed with its scales
+sharded like its output channels (``quantized_shardings``).
 """
 
 from __future__ import annotations
@@ -26,13 +40,40 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxinfer.config.model import ModelConfig
-from jaxinfer.model import weights
+from jaxinfer.model import moe, weights
 from jaxinfer.model.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
 from jaxinfer.quantization.quantized_weight import QuantizedWeight, is_quantized
 from jaxinfer.quantization.quantized_weight import logical_axes as quant_logical_axes
-from sharding import ops
-from sharding.mesh import EXPERT
-from sharding.rules import KV_CACHE_AXES, kv_heads_on_devices, mesh_axes, partition_spec, validate
+from sharding import ops, rules
+from sharding.mesh import EXPERT, check_parallel_sizes
+from sharding.rules import KV_CACHE_AXES
+
+# the params of a layer that the MoE block reads (those the config has): they go into its shard_map
+MOE_KEYS = ("router", "expert_w_gate", "expert_w_up", "expert_w_down",
+            "shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
+
+
+def validate(cfg: ModelConfig, tensor_parallel_size: int, expert_parallel_size: int = 1,
+             num_devices: int | None = None) -> None:
+    """ValueError, naming the setting to change, if ``cfg`` cannot be split this way (``sharding.rules.validate``
+    on its head counts and split dimensions). Pure: run it before anything is allocated."""
+    tp, ep = tensor_parallel_size, expert_parallel_size
+    check_parallel_sizes(tp, ep, num_devices)
+    if ep > 1 and not cfg.is_moe:
+        raise ValueError(
+            f"expert parallelism (expert_parallel_size={ep}) needs a mixture-of-experts model; "
+            f"this {cfg.architecture} model is dense: turn expert parallelism off"
+        )
+    dims = [("vocab_size", cfg.vocab_size, "vocab")]
+    if cfg.is_moe:
+        dims.append(("num_experts", cfg.num_experts, "experts"))
+        dims.append(("moe_intermediate_size", cfg.moe_intermediate_size, "expert_mlp"))
+        if cfg.shared_expert_intermediate_size:
+            dims.append(("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size, "mlp"))
+    else:
+        dims.append(("intermediate_size", cfg.intermediate_size, "mlp"))
+    rules.validate(tp, ep, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, dims=dims,
+                   num_devices=num_devices)
 
 
 def _is_spec(x) -> bool:
@@ -49,7 +90,7 @@ class ShardingPlan:
     def create(cls, cfg: ModelConfig, mesh: Mesh) -> "ShardingPlan":
         tp, ep = mesh.size, mesh.shape[EXPERT]
         validate(cfg, tp, ep)
-        run_cfg = dataclasses.replace(cfg, num_kv_heads=kv_heads_on_devices(cfg, tp))
+        run_cfg = dataclasses.replace(cfg, num_kv_heads=rules.kv_heads_on_devices(cfg.num_kv_heads, tp))
         return cls(mesh, cfg, run_cfg)
 
     @property
@@ -66,7 +107,7 @@ class ShardingPlan:
         return self.cfg.num_kv_heads // self.source_cfg.num_kv_heads
 
     def named(self, logical_axes) -> NamedSharding:
-        return NamedSharding(self.mesh, partition_spec(logical_axes))
+        return rules.named_sharding(self.mesh, logical_axes)
 
     @property
     def replicated(self) -> NamedSharding:
@@ -75,7 +116,7 @@ class ShardingPlan:
     # ------------------------------------------------------------------ params
     def param_shardings(self) -> Any:
         """Shardings of the params pytree the sharded model runs (``self.cfg``)."""
-        return jax.tree.map(lambda s: self.named(s.logical_axes), weights.param_specs(self.cfg), is_leaf=_is_spec)
+        return rules.tree_shardings(self.mesh, weights.logical_axes(self.cfg))
 
     def load_shardings(self) -> Any:
         """Shardings for loading the checkpoint's params (``source_cfg``) before ``place_params``: as
@@ -116,13 +157,11 @@ class ShardingPlan:
         axes = quant_logical_axes(qw, spec.logical_axes)
         if qw.method == "fp8_block":
             for size, axis in zip(qw.scale.shape, axes.scale):
-                n = 1
-                for mesh_axis in mesh_axes(axis):
-                    n *= self.mesh.shape[mesh_axis]
+                n = rules.shards(axis, self.tensor_parallel_size, self.expert_parallel_size)
                 if size % n:
                     raise ValueError(f"{spec.hf_name}: {size} weight blocks along {axis!r} cannot be split "
                                      f"{n} ways; choose a tensor_parallel_size that divides the block count")
-        return jax.tree.map(self.named, axes, is_leaf=lambda a: isinstance(a, tuple))
+        return rules.tree_shardings(self.mesh, axes)
 
     def _place_quantized(self, spec: weights.ParamSpec, qw: QuantizedWeight) -> QuantizedWeight:
         shardings = self.quantized_shardings(spec, qw)
@@ -185,7 +224,23 @@ class ShardingPlan:
         return ops.shard_attention(attn_fn, self.mesh)
 
     def moe_fn(self, impl: str = "auto"):
-        return ops.shard_moe(self.mesh, self.cfg, impl=impl)
+        """A ``moe_fn(lp, x, valid, cfg)`` for ``model.forward``: on one device the plain MoE block, else each
+        device's local experts (and its slice of a shared expert) under ``shard_map``, then one psum."""
+        if self.mesh.size == 1:  # nothing to split: no shard_map, no (trivial) all-reduce
+            return functools.partial(moe.moe_block, impl=impl)
+        cfg = self.cfg
+        layer_specs = weights.param_specs(cfg)["layers"][0]
+        param_axes = {k: layer_specs[k].logical_axes for k in MOE_KEYS if k in layer_specs}
+
+        def local(lp, x, valid, expert_offset):
+            return moe.moe_block(lp, x, valid, cfg, expert_offset=expert_offset, impl=impl)
+
+        sharded = ops.shard_moe(local, self.mesh, param_axes, cfg.num_experts // self.expert_parallel_size)
+
+        def moe_fn(lp, x, valid, cfg_):
+            return sharded(lp, x, valid)
+
+        return moe_fn
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 import sharding
 from jaxinfer.config.model import ModelConfig
 from jaxinfer.config.presets import preset_config
-from jaxinfer.model.sharding_plan import ShardingPlan
+from jaxinfer.model.sharding_plan import ShardingPlan, validate
 from jaxinfer.model.weights import ParamSpec, param_specs
 from sharding import hlo, rules
 
@@ -56,11 +56,16 @@ def test_moe_layout():
 
 def test_kv_heads_replicated_up_to_the_device_count():
     cfg = preset_config("qwen2.5-7b")  # 28 query heads, 4 KV heads
-    assert rules.kv_heads_on_devices(cfg, 2) == 4
-    assert rules.kv_heads_on_devices(cfg, 4) == 4
+    assert rules.kv_heads_on_devices(cfg.num_kv_heads, 2) == 4
+    assert rules.kv_heads_on_devices(cfg.num_kv_heads, 4) == 4
     moe = preset_config("qwen3-30b-a3b")  # 32 query heads, 4 KV heads
-    rules.validate(moe, 8)
-    assert rules.kv_heads_on_devices(moe, 8) == 8
+    validate(moe, 8)
+    assert rules.kv_heads_on_devices(moe.num_kv_heads, 8) == 8
+    from jax.sharding import AbstractMesh, AxisType
+
+    mesh = AbstractMesh((1, 8), ("expert", "tensor"), axis_types=(AxisType.Auto, AxisType.Auto))
+    plan = ShardingPlan.create(moe, mesh)
+    assert plan.cfg.num_kv_heads == 8 and plan.source_cfg == moe and plan.kv_head_repeats == 2
 
 
 def _tiny(**kw):
@@ -92,10 +97,24 @@ MOE = dict(architecture="mixtral", num_experts=8, num_experts_per_tok=2, moe_int
 ])
 def test_validation(cfg, tp, ep, match):
     if match is None:
-        rules.validate(cfg, tp, ep)
+        validate(cfg, tp, ep)
     else:
         with pytest.raises(ValueError, match=match):
-            rules.validate(cfg, tp, ep)
+            validate(cfg, tp, ep)
+
+
+def test_generic_validation_takes_plain_sizes():
+    """sharding.rules.validate knows no model config: head counts as ints, other dims as (name, size, axis)."""
+    rules.validate(4, 1, num_heads=8, num_kv_heads=2, dims=[("vocab_size", 256, "vocab")])
+    with pytest.raises(ValueError, match="num_attention_heads=6 is not divisible by tensor_parallel_size=4"):
+        rules.validate(4, num_heads=6, num_kv_heads=2)
+    with pytest.raises(ValueError, match="num_key_value_heads=3 and tensor_parallel_size=2"):
+        rules.validate(2, num_heads=6, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"width=6 cannot be split 4 ways .*expert_parallel_size=4"):
+        rules.validate(4, 4, num_heads=4, num_kv_heads=4, dims=[("width", 6, "experts")])
+    rules.validate(4, 2, num_heads=4, num_kv_heads=4, dims=[("width", 6, "experts"), ("width", 6, "expert_mlp")])
+    with pytest.raises(ValueError, match="expert_parallel_size=3 must divide"):
+        rules.validate(4, 3, num_heads=4, num_kv_heads=4)
 
 
 def test_too_many_devices_fails_before_allocating():
