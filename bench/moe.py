@@ -41,7 +41,7 @@ from jaxinfer.model import moe
 from jaxinfer.model.attention import get_attention_fn
 from jaxinfer.model.decoder import forward
 from jaxinfer.model.kv_cache import allocate_kv_cache
-from jaxinfer.model.step_batch import bucket
+from jaxinfer.runner.shape_plan import bucket
 from jaxinfer.model.weights import init_random_params
 from jaxinfer.runner.batch_packing import WorkItem, pack
 from jaxinfer.runner.shape_plan import StepShape

@@ -52,7 +52,7 @@ def decode_step(plan, batch_size: int, context: int, dtype):
     """(jitted sharded decode step, abstract args) for ``batch_size`` sequences at ``context`` tokens."""
     from jaxinfer.model.attention import get_attention_fn
     from jaxinfer.model.decoder import forward
-    from jaxinfer.model.step_batch import bucket
+    from jaxinfer.runner.shape_plan import bucket
     from jaxinfer.runner.batch_packing import abstract_batch
     from jaxinfer.runner.shape_plan import StepShape
 
@@ -92,7 +92,7 @@ def predicted_time(read_bytes: float, all_reduces: int, ar_bytes: float, n: int,
 
 def measure_step(plan, batch_size: int, context: int, dtype, steps: int) -> float:
     """Median step time of the real sharded step with random weights (real devices only)."""
-    from jaxinfer.model.step_batch import bucket
+    from jaxinfer.runner.shape_plan import bucket
     from jaxinfer.model.weights import init_random_params
     from jaxinfer.runner.batch_packing import WorkItem, pack
     from jaxinfer.runner.shape_plan import StepShape

@@ -12,6 +12,7 @@ from typing import Any
 from typing import Sequence as Seq
 
 from jaxinfer.config.engine import EngineConfig
+from jaxinfer.core.progress import ProgressBar
 from jaxinfer.llm_engine import LLMEngine
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
@@ -74,7 +75,7 @@ class LLM:
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         engine = self.llm_engine
-        progress = _Progress(len(ids)) if use_tqdm else None
+        progress = ProgressBar("generate", len(ids)) if use_tqdm else None
         try:
             while engine.has_unfinished_requests():
                 for out in engine.step():
@@ -86,20 +87,3 @@ class LLM:
             if progress:
                 progress.close()
         return [finished[i] for i in ids]
-
-
-class _Progress:
-    """A rich progress bar over finished requests."""
-
-    def __init__(self, total: int):
-        from rich.progress import Progress
-
-        self._bar = Progress(transient=True)
-        self._task = self._bar.add_task("generate", total=total)
-        self._bar.start()
-
-    def advance(self) -> None:
-        self._bar.advance(self._task)
-
-    def close(self) -> None:
-        self._bar.stop()

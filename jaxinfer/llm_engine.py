@@ -1,8 +1,11 @@
-"""LLMEngine: requests in, RequestOutputs out; one ``step()`` = schedule -> run -> postprocess.
+"""LLMEngine: requests in, RequestOutputs out; one ``step()`` = schedule -> execute -> update.
 
-Every request is validated completely in ``add_request`` before anything is queued (``jaxinfer.core.request_io``),
-so a bad request is refused with a ``ValueError`` and the engine keeps serving everyone else. A request with
-``n > 1`` becomes ``n`` sequences that share its prompt.
+The engine is the composition root: it loads the model (``loading``), sizes the KV pool
+(``runner.kv_pool``), builds the scheduler and block manager (``core``), the model runner (``runner``),
+speculation (``spec_decode``) and the output processor (``core.output_processor``), and compiles the shape
+plan before it returns. Every request is validated completely in ``add_request`` before anything is queued
+(``core.request_io``), so a bad request is refused with a ``ValueError`` and the engine keeps serving everyone
+else. A request with ``n > 1`` becomes ``n`` sequences that share its prompt.
 """
 
 from __future__ import annotations
@@ -20,27 +23,27 @@ from jaxinfer.config.engine import EngineConfig
 from jaxinfer.config.speculative import SpeculativeConfig
 from jaxinfer.core import request_io
 from jaxinfer.core.block_manager import BlockManager
+from jaxinfer.core.output_processor import OutputProcessor
 from jaxinfer.core.scheduler import Scheduler, SchedulerConfig
 from jaxinfer.core.sequence import Sequence
 from jaxinfer.core.tokenizer import IncrementalDetokenizer
 from jaxinfer.cpu import host_allocator
 from jaxinfer.loading.model_source import load_model, resolve_dtype
-from jaxinfer.model.kv_cache import kv_cache_bytes_per_block
 from jaxinfer.outputs import RequestMetrics, RequestOutput
 from jaxinfer.quantization import options as quant_setup
-from jaxinfer.runner import multihost
+from jaxinfer.runner import kv_pool, multihost
 from jaxinfer.runner.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
 from jaxinfer.runner.compile_monitor import CompileWatch
 from jaxinfer.runner.executables import warm_up
-from jaxinfer.runner.model_runner import ModelRunner
+from jaxinfer.runner.model_runner import ModelRunner, RunnerOptions
 from jaxinfer.runner.multistep import burst_length
 from jaxinfer.runner.shape_plan import ShapePlan
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.spec_decode.controller import SpecController
-from jaxinfer.spec_decode.draft_model import DraftProposer
-from jaxinfer.spec_decode.ngram import propose_ngram
+from jaxinfer.spec_decode.draft_model import DraftModelProposer
+from jaxinfer.spec_decode.ngram import NgramProposer
+from jaxinfer.spec_decode.speculator import Speculator
 
-DEFAULT_CPU_KV_BYTES = 2 << 30
 logger = logging.getLogger("jaxinfer")
 
 
@@ -63,13 +66,13 @@ class LLMEngine:
         quant = quant_setup.QuantOptions(config.quantization, config.kv_cache_dtype)
         quant_setup.check_platform(quant, platform, backend)  # before anything is read or allocated
         checkpoint_kind = quant_setup.check_checkpoint(quant, config.model, quant_setup.has_fp8_compute(platform))
-        self.model_config, params, self.tokenizer, self.model_source, self.sharding_plan = load_model(
-            config.model, self.dtype, config.seed, mesh=self.mesh, expert_parallel=config.enable_expert_parallel,
-            quant=quant,
-        )
+        model = load_model(config.model, self.dtype, config.seed, mesh=self.mesh,
+                           expert_parallel=config.enable_expert_parallel, quant=quant)
+        self.model_config, self.tokenizer = model.config, model.tokenizer
+        self.model_source, self.sharding_plan = model.source, model.sharding_plan
         cfg = self.model_config
         self.kv_dtype = quant_setup.kv_cache_dtype(quant, self.dtype, backend)
-        self.quantization = quant_setup.describe(params, cfg, self.dtype, quant, checkpoint_kind)
+        self.quantization = quant_setup.describe(model.params, cfg, self.dtype, quant, checkpoint_kind)
         if quant.active or checkpoint_kind != "dense":
             logger.info(quant_setup.summary_line(self.quantization))
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
@@ -80,8 +83,11 @@ class LLMEngine:
             )
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids) if self.tokenizer else cfg.eos_token_ids
         self.attention_backend = backend
-        self.num_blocks = self._num_kv_blocks(platform)
-        sched_cfg = SchedulerConfig(
+        self.num_blocks = kv_pool.num_kv_blocks(config, cfg, max_model_len=self.max_model_len,
+                                                kv_dtype=self.kv_dtype, platform=platform, mesh=self.mesh,
+                                                sharding_plan=self.sharding_plan)
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
@@ -89,9 +95,7 @@ class LLMEngine:
             policy=config.scheduling_policy,
             batching=config.batching,
             static_batch_timeout_s=config.static_batch_timeout_s,
-        )
-        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(sched_cfg, self.block_manager)
+        ), self.block_manager)
         spec = SpeculativeConfig.from_dict(config.speculative_config) if config.speculative_config else None
         self.query_width = 1 + spec.num_speculative_tokens if spec is not None else None
         # EOS and stop ids are banned until min_tokens: a fixed-width matrix (one compiled shape)
@@ -99,17 +103,17 @@ class LLMEngine:
         self._limits = request_io.RequestLimits(cfg.vocab_size, self.max_model_len, self.eos_token_ids,
                                                 self.banned_width, self.tokenizer)
         self._cache = self._executable_cache()
-        self._runner_kwargs = dict(num_blocks=self.num_blocks, block_size=config.block_size, sharding=self.sharding_plan,
-                                   max_model_len=self.max_model_len, kv_dtype=self.kv_dtype, attention_backend=backend,
-                                   eos_token_ids=self.eos_token_ids, banned_width=self.banned_width, cache=self._cache)
+        options = RunnerOptions(num_blocks=self.num_blocks, block_size=config.block_size,
+                                max_model_len=self.max_model_len, kv_dtype=self.kv_dtype, attention_backend=backend,
+                                eos_token_ids=self.eos_token_ids, banned_width=self.banned_width)
         draft_model = spec is not None and spec.method == "draft_model"
         self.runner = ModelRunner(
-            cfg, params, plan=self._plan("all"), name="target", num_scheduler_steps=config.num_scheduler_steps,
+            cfg, model.params, plan=self._plan("all"), options=options, cache=self._cache, name="target",
+            sharding_plan=self.sharding_plan, num_scheduler_steps=config.num_scheduler_steps,
             draft_q_shape=(spec.num_speculative_tokens, self._plan("all").seq_buckets[-1]) if draft_model else None,
-            **self._runner_kwargs,
         )
-        self._setup_speculation(spec)
-        self._requests: dict[str, request_io.EngineRequest] = {}
+        self.speculator = self._make_speculator(spec, options) if spec is not None else None
+        self.output_processor = OutputProcessor(self.scheduler, self.eos_token_ids, self.max_model_len)
         self._seq_ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
         self.num_steps = 0
@@ -118,7 +122,7 @@ class LLMEngine:
         self._unplanned_seen = 0
         self._watch = CompileWatch()
         self.warm_up_report = None
-        plan = self._plan_keys()
+        plan = self.warm_up_plan()
         logger.info("shape plan: %d executables (%d step shapes)", sum(len(k) for _, k in plan),
                     sum(1 for _, keys in plan for k in keys if k[0] == "step"))
         if config.compilation == "eager":
@@ -130,12 +134,10 @@ class LLMEngine:
         c = self.config
         return ShapePlan(c.max_num_seqs, c.max_num_batched_tokens, self.query_width, verify_logits)
 
-    def _plan_keys(self) -> list:
+    def warm_up_plan(self) -> list:
         """(executables, keys) of every runner: what warm-up compiles."""
         plan = [(self.runner.executables, self.runner.plan_keys())]
-        if isinstance(self.proposer, DraftProposer):
-            plan.append((self.draft_runner.executables, self.proposer.plan_keys()))
-        return plan
+        return plan + (self.proposer.warm_up_plan() if self.proposer is not None else [])
 
     def _executable_cache(self) -> ExecutableCache | None:
         c = self.config
@@ -143,38 +145,24 @@ class LLMEngine:
             return None
         return ExecutableCache(c.compilation_cache_dir or default_cache_dir())
 
-    def _setup_speculation(self, sc: SpeculativeConfig | None) -> None:
-        self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
-        self._propose_seconds = 0.0  # host + draft time spent preparing the next step's proposals
-        self._proposed_at = 0.0  # when they were ready: the step they prepared runs from then on
-        self._compiles_before_proposal = 0  # compilations (any kind) before the proposals of the next step
-        self.proposer = None
-        self.spec_controller = None
-        if sc is None:
-            return
-        self.spec_config = sc
-        self.spec_controller = SpecController(sc.num_speculative_tokens, adaptive=sc.adaptive)
-        if sc.method == "ngram":
-            self.proposer = "ngram"
-            self.spec_min_n, self.spec_max_n = sc.prompt_lookup_min, sc.prompt_lookup_max
-            return
-        draft_cfg, draft_params, draft_tok, _, _ = load_model(sc.model, self.dtype, self.config.seed)
-        if draft_cfg.vocab_size != self.model_config.vocab_size:
-            raise ValueError(
-                f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the target's "
-                f"({self.model_config.vocab_size}): a draft must share the target's tokenizer"
-            )
-        if draft_tok is not None and self.tokenizer is not None and draft_tok.vocab_size != self.tokenizer.vocab_size:
-            raise ValueError("the draft model's tokenizer differs from the target's")
-        if draft_cfg.max_position_embeddings < self.max_model_len and draft_cfg.rope_scaling is None:
-            raise ValueError(
-                f"the draft model supports {draft_cfg.max_position_embeddings} positions, less than "
-                f"max_model_len={self.max_model_len}"
-            )
-        self.draft_runner = ModelRunner(draft_cfg, draft_params, plan=self._plan("last"), name="draft",
-                                        **{**self._runner_kwargs, "kv_dtype": self.dtype})  # dense draft
-        self.proposer = DraftProposer(self.draft_runner, sc.num_speculative_tokens)
+    def _make_speculator(self, spec: SpeculativeConfig, options: RunnerOptions) -> Speculator:
+        if spec.method == "ngram":
+            proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        else:
+            proposer = DraftModelProposer.load(spec, self.model_config, self.tokenizer, dtype=self.dtype,
+                                               seed=self.config.seed, plan=self._plan("last"), options=options,
+                                               cache=self._cache)
+        controller = SpecController(spec.num_speculative_tokens, adaptive=spec.adaptive)
+        return Speculator(proposer, controller, self.scheduler, self.max_model_len)
+
+    @property
+    def proposer(self):
+        """The speculative proposer (a ``spec_decode.proposer.Proposer``), or None without speculation."""
+        return self.speculator.proposer if self.speculator is not None else None
+
+    @property
+    def spec_controller(self) -> SpecController | None:
+        return self.speculator.controller if self.speculator is not None else None
 
     def _make_mesh(self):
         """The device mesh of tensor / expert parallelism (None: one device, nothing sharded). Checked before
@@ -190,33 +178,6 @@ class LLMEngine:
                 f"the global device count ({jax.device_count()}), got {c.tensor_parallel_size}"
             )
         return make_mesh(c.tensor_parallel_size, c.tensor_parallel_size if c.enable_expert_parallel else 1)
-
-    def _num_kv_blocks(self, platform: str) -> int:
-        cfg, c = self.model_config, self.config
-        per_block = kv_cache_bytes_per_block(cfg, c.block_size, self.kv_dtype)
-        if self.sharding_plan is not None:  # each device holds its KV heads of every block
-            per_block = self.sharding_plan.kv_cache_bytes_per_block_per_device(c.block_size, self.kv_dtype)
-        blocks_per_seq = -(-self.max_model_len // c.block_size)
-        if c.num_kv_blocks is not None:
-            num = c.num_kv_blocks
-        else:
-            budget = c.kv_cache_memory_bytes
-            if budget is None:
-                budget = DEFAULT_CPU_KV_BYTES
-                if platform == "gpu":  # the device with the least room decides
-                    devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
-                    budget = min(int(0.9 * st.get("bytes_limit", 0)) - st.get("bytes_in_use", 0)
-                                 for st in ((d.memory_stats() or {}) for d in devices if d.process_index ==
-                                            jax.process_index()))
-            wanted = c.max_num_seqs * blocks_per_seq + 1
-            num = max(min(wanted, budget // per_block), 2)
-        if num - 1 < blocks_per_seq:
-            raise ValueError(
-                f"the KV pool ({num - 1} usable blocks of {c.block_size} tokens) cannot hold one request of "
-                f"max_model_len={self.max_model_len} tokens ({blocks_per_seq} blocks): raise num_kv_blocks / "
-                "kv_cache_memory_bytes or lower max_model_len"
-            )
-        return num
 
     # ------------------------------------------------------------- validation
     def process_prompt(self, prompt: Any) -> tuple[str | None, list[int]]:
@@ -238,7 +199,7 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> None:
         params = params or SamplingParams()
-        if request_id in self._requests:
+        if request_id in self.output_processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(priority, int):
             raise ValueError(f"priority must be an int, got {priority!r}")
@@ -256,33 +217,22 @@ class LLMEngine:
                     self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens
                 )
             seqs.append(seq)
-        self._requests[request_id] = request_io.EngineRequest(request_id, text, ids, params, seqs, RequestMetrics(arrival))
-        for seq in seqs:
-            self.scheduler.add(seq)
+        self.output_processor.add(
+            request_io.EngineRequest(request_id, text, ids, params, seqs, RequestMetrics(arrival)))
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
-        if isinstance(request_ids, str):
-            request_ids = [request_ids]
-        for rid in request_ids:
-            req = self._requests.pop(rid, None)
-            if req is None:
-                continue
-            for seq in req.seqs:
-                if not seq.is_finished:
-                    seq.finish_reason = "abort"
-                    self.scheduler.remove(seq)
+        self.output_processor.abort([request_ids] if isinstance(request_ids, str) else request_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        return bool(self.output_processor.requests)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._requests)
+        return len(self.output_processor.requests)
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """One step: schedule -> run (verify any speculative tokens) -> postprocess -> propose for the next.
-
-        Returns the outputs of the requests that emitted tokens in this step."""
+        """One step: schedule -> execute (verifying any speculative tokens) -> update; then, under speculation,
+        propose for the next step. Returns the outputs of the requests that emitted tokens in this step."""
         with CompileWatch() as watch:
             self._watch = watch
             outputs = self._step()
@@ -305,98 +255,24 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        num_steps = burst_length(plan.scheduled, self.config.num_scheduler_steps, self.max_model_len,
-                                 self.block_manager)
-        if num_steps > 1:
-            emitted = self.runner.execute_multistep(plan.scheduled, num_steps)
-        else:
-            draft_q = self.proposer.q_for if isinstance(self.proposer, DraftProposer) else None
-            emitted = self.runner.execute(plan.scheduled, draft_q_for=draft_q)
+        emitted = self._execute(plan.scheduled)
         self.num_steps += 1
-        now = time.monotonic()
-        touched: dict[str, request_io.EngineRequest] = {}
-        for s in plan.scheduled:
-            seq = s.seq
-            req = self._requests[seq.request_id]
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = seq.first_scheduled_time
-            tokens = emitted.get(seq.seq_id, [])
-            accepted = max(len(tokens) - 1, 0)
-            if s.num_spec_tokens:
-                self.num_draft_tokens += s.num_spec_tokens
-                self.num_accepted_tokens += accepted
-                if self.spec_controller is not None:
-                    self.spec_controller.record_acceptance(s.num_spec_tokens, accepted)
-            computed = seq.num_computed_tokens + s.num_new_tokens - s.num_spec_tokens + accepted
-            finished = False
-            for tok in tokens:
-                finished = request_io.append_token(seq, tok, now, self.eos_token_ids, self.max_model_len)
-                if finished:
-                    break
-            self.scheduler.commit_computed(seq, min(computed, seq.num_tokens))
-            if finished:
-                self.scheduler.remove(seq)
-            if tokens:
-                if req.metrics.first_token_time is None:
-                    req.metrics.first_token_time = now
-                touched[req.request_id] = req
-        if self.spec_controller is not None:
-            # The step's full cycle: the caller's loop, scheduling, the device step, bookkeeping, and the
-            # proposals that prepared it (a step that was not prepared by a measured choice is ignored).
-            emitted_count = sum(len(tokens) for tokens in emitted.values())
-            t = time.perf_counter()
-            compiles = self._compile_events + len(self._watch.names)
-            if compiles != self._compiles_before_proposal:
-                # something compiled during the cycle (lazy mode): its time is not the arm's
-                self.spec_controller.discard_step()
-            else:
-                self.spec_controller.record_step(emitted_count, t - self._proposed_at + self._propose_seconds)
-            self._compiles_before_proposal = compiles
-            self._propose()
-            self._proposed_at = time.perf_counter()
-            self._propose_seconds = self._proposed_at - t
-        outputs = []
-        for req in touched.values():
-            if req.finished:
-                req.metrics.finished_time = now
-                self._requests.pop(req.request_id, None)
-            outputs.append(request_io.make_output(req))
+        outputs = self.output_processor.update(plan.scheduled, emitted, time.monotonic())
+        if self.speculator is not None:
+            self.speculator.after_step(plan.scheduled, emitted, self._compile_events + len(self._watch.names))
         return outputs
 
-    def _propose(self) -> int:
-        """Propose draft tokens for the running sequences that decode next step; returns how many."""
-        if self.proposer is None:
-            return 0
-        decoding = [q for q in self.scheduler.running if q.num_computed_tokens == q.num_tokens - 1]
-        prefilling = sum(q.num_tokens - q.num_computed_tokens for q in self.scheduler.running) - len(decoding)
-        sched = self.scheduler
-        admits = (self.config.batching == "continuous" and sched.waiting
-                  and len(sched.running) < self.config.max_num_seqs)
-        k = self.spec_controller.choose_k(len(decoding), prefilling or int(bool(admits)))
-        if prefilling or admits:
-            return 0  # the next step computes a prefill chunk: the scheduler would drop the drafts
-        seqs, ks = [], []
-        for q in decoding:
-            p = q.params
-            room = self.max_model_len - q.num_tokens
-            if p.max_tokens is not None:
-                room = min(room, p.max_tokens - q.num_output_tokens)
-            kq = min(k, room - 1)
-            if p.has_penalties or q.num_output_tokens < p.min_tokens or kq <= 0:
-                continue  # penalties and min_tokens bans depend on every earlier token: decode plainly
-            if not self.block_manager.grow(q, q.num_tokens + kq):
-                continue
-            seqs.append(q)
-            ks.append(kq)
-        if isinstance(self.proposer, DraftProposer):
-            self.proposer.propose(seqs, ks)
-        else:
-            for q, kq in zip(seqs, ks):
-                q.spec_token_ids = propose_ngram(q.token_ids, kq, self.spec_min_n, self.spec_max_n)
-        return sum(len(q.spec_token_ids) for q in seqs)
+    def _execute(self, scheduled: list) -> dict:
+        """Run the scheduled work on the device: seq_id -> the tokens each sequence emits."""
+        num_steps = burst_length(scheduled, self.config.num_scheduler_steps, self.max_model_len,
+                                 self.block_manager)
+        if num_steps > 1:
+            return self.runner.execute_multistep(scheduled, num_steps)
+        proposer = self.proposer
+        return self.runner.execute(scheduled, draft_q_for=proposer.q_for if proposer is not None else None)
 
     def _runners(self) -> list:
-        return [self.runner] + ([self.draft_runner] if isinstance(self.proposer, DraftProposer) else [])
+        return [self.runner] + (self.proposer.runners() if self.proposer is not None else [])
 
     # ------------------------------------------------------------- multi-host
     @property
@@ -429,8 +305,8 @@ class LLMEngine:
             "prefix_cache_hit_tokens": bm.hit_tokens,
             "prefix_cache_evictions": bm.num_evictions,
             "prefix_cache_miss_tokens": dict(bm.miss_tokens),
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_draft_tokens": self.speculator.num_draft_tokens if self.speculator else 0,
+            "num_accepted_tokens": self.speculator.num_accepted_tokens if self.speculator else 0,
             "num_compilations": sum(r.num_compilations for r in runners),  # compiled or loaded from disk
             "num_compilations_after_start": self.num_compilations_after_start,
             "num_executables_from_cache": sum(r.executables.num_loaded for r in runners),

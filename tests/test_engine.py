@@ -10,7 +10,8 @@ import pytest
 
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.model.kv_cache import allocate_kv_cache
-from jaxinfer.model.step_batch import bucket, single_sequence_batch
+from jaxinfer.model.step_batch import single_sequence_batch
+from jaxinfer.runner.shape_plan import bucket
 from jaxinfer.runner.model_runner import make_step_fn
 from tests.prompts import random_prompts
 
@@ -98,8 +99,8 @@ def test_eos_stops_generation(hf_checkpoints):
     llm = LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), max_model_len=64, num_kv_blocks=16, max_num_seqs=2)
     p = random_prompts([8], seed=11)
     toks = llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
-    llm.llm_engine.eos_token_ids = (toks[3],)
-    llm.llm_engine.runner.eos_token_ids = (toks[3],)
+    llm.llm_engine.output_processor.eos_token_ids = (toks[3],)  # the stop condition
+    llm.llm_engine.runner.eos_token_ids = (toks[3],)  # the ban until min_tokens
     out = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)[0].outputs[0]
     assert out.token_ids == toks[: toks.index(toks[3]) + 1] and out.finish_reason == "stop"
     out = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0]

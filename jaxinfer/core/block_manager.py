@@ -113,9 +113,6 @@ class BlockManager:
         owner = self.pending.get(seq.block_hashes[num_hit_blocks])
         return owner is not None and owner != seq.seq_id
 
-    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) - len(seq.block_ids) <= self.num_free_blocks
-
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Make ``seq`` own enough blocks for ``num_tokens`` tokens; False if the pool is short."""
         need = self.blocks_needed(num_tokens) - len(seq.block_ids)

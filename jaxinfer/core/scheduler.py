@@ -94,9 +94,6 @@ class Scheduler:
         self.blocks.free_sequence(seq)
         seq.status = SequenceStatus.FINISHED
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def _order_key(self, seq: Sequence):
         if self.config.policy == "priority":
             return (seq.priority, seq.arrival_time, seq.seq_id)

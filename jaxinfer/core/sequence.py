@@ -73,6 +73,13 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def can_choose_ahead(self) -> bool:
+        """True when its next tokens can be chosen several at a time on the device (multi-step decoding,
+        speculation): no penalties (they read the output history) and no min_tokens ban left to lift."""
+        p = self.params
+        return not p.has_penalties and self.num_output_tokens >= p.min_tokens
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 

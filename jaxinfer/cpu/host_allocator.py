@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
+
+from jaxinfer import envs
 
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
@@ -23,12 +24,12 @@ _MAX_MMAP_THRESHOLD = 32 << 20  # glibc's upper bound on 64-bit systems
 _TOP_PAD = 64 << 20
 _NEVER_TRIM = 1 << 30
 
-ENV_VAR = "JAXINFER_CPU_MALLOC_TUNING"
+ENV_VAR = envs.CPU_MALLOC_TUNING.name
 
 
 def keep_freed_memory_in_heap() -> bool:
     """Apply the glibc settings above; True if they were applied."""
-    if os.environ.get(ENV_VAR, "1") == "0":
+    if not envs.cpu_malloc_tuning_enabled():
         return False
     name = ctypes.util.find_library("c")
     try:

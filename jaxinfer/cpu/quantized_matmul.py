@@ -85,11 +85,6 @@ def chunked_dequant_matmul(x: jax.Array, w_q: jax.Array, kind: str, *,
     return jax.lax.fori_loop(0, -(-n // rows), body, jnp.zeros((m, n), jnp.float32))
 
 
-def dequant_matmul(x: jax.Array, w_q: jax.Array, kind: str) -> jax.Array:
-    """The plain formulation: decode the whole weight, one dot (what XLA does with ``x @ w``)."""
-    return jax.lax.dot_general(x.astype(jnp.float32), decode_weight(w_q, kind), _DOT_NT)
-
-
 # ----------------------------------------------------------------------------------------------
 # Microbenchmark (not run by the tests; see ``time_formulations``)
 # ----------------------------------------------------------------------------------------------

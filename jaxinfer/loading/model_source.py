@@ -20,7 +20,9 @@ DRAFT_MODEL_DIR = Path(__file__).resolve().parents[1] / "embedded_models" / "dra
 
 
 def default_model_dir() -> Path:
-    override = os.environ.get("JAXINFER_DEFAULT_MODEL")
+    from jaxinfer import envs
+
+    override = envs.default_model_override()  # $JAXINFER_DEFAULT_MODEL, or None
     path = Path(override) if override else DEFAULT_MODEL_DIR
     if not (path / "config.json").is_file():
         raise FileNotFoundError(

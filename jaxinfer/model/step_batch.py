@@ -28,14 +28,6 @@ class StepBatch:
     logits_indices: jax.Array  # [L] i32 flat token indices whose logits are returned (padding: 0)
 
 
-def bucket(n: int, minimum: int = 1) -> int:
-    """Smallest power of two >= max(n, minimum): the padded size used for a count of n."""
-    size = max(minimum, 1)
-    while size < n:
-        size *= 2
-    return size
-
-
 def single_sequence_batch(token_ids, block_ids, block_size: int, *, start: int = 0, all_logits: bool = False):
     """A StepBatch for one sequence computing ``token_ids`` at positions ``start, start+1, ...``.
 

@@ -14,9 +14,9 @@ host CPU (XLA:CPU compiles for its features) and ``XLA_FLAGS``. A different mode
 code or jax version therefore never loads a stale entry; an entry that fails to load is recompiled and
 rewritten.
 
-Where: ``$JAXINFER_CACHE_DIR`` (default ``$XDG_CACHE_HOME/jaxinfer`` or ``~/.cache/jaxinfer``), under
-``executables/``; ``LLM(compilation_cache_dir=...)`` moves it; ``LLM(enable_compilation_cache=False)`` or
-``JAXINFER_COMPILATION_CACHE=0`` turns it off.
+Where: under ``executables/`` in the cache root (``jaxinfer.envs.cache_root``: ``$JAXINFER_CACHE_DIR``, else
+``$XDG_CACHE_HOME/jaxinfer``, else ``~/.cache/jaxinfer``); ``LLM(compilation_cache_dir=...)`` moves it;
+``LLM(enable_compilation_cache=False)`` or ``JAXINFER_COMPILATION_CACHE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 
+from jaxinfer import envs
 from jaxinfer.cpu import ffi as cpu_ffi
 
 _PACKAGES = ("jaxinfer", "pallas_kernels", "sharding")
@@ -40,15 +41,13 @@ _FORMAT = 1
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("JAXINFER_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "jaxinfer"
+    """The cache root of ``jaxinfer.envs.cache_root`` (the executables live under ``executables/`` in it)."""
+    return envs.cache_root()
 
 
 def cache_enabled_by_env() -> bool:
-    return os.environ.get("JAXINFER_COMPILATION_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+    """``JAXINFER_COMPILATION_CACHE`` (``jaxinfer.envs``)."""
+    return envs.compilation_cache_enabled()
 
 
 @functools.lru_cache(maxsize=1)

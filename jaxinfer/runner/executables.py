@@ -23,6 +23,7 @@ from typing import Any, Callable, Hashable
 
 import jax
 
+from jaxinfer.core.progress import ProgressBar
 from jaxinfer.runner.compile_cache import ExecutableCache, execution_devices
 
 logger = logging.getLogger("jaxinfer")
@@ -51,7 +52,12 @@ def abstract(tree):
 
 
 class Executables:
-    """One runner's compiled executables; all state lives in the engine's thread."""
+    """One runner's compiled executables; all state lives in the engine's thread.
+
+    The one way an executable becomes ready: ``prepare(key)`` builds its entry and loads it from the disk
+    cache, or returns the lowered computation still to compile; ``finish`` records a compiled one (and
+    stores it in the cache). ``get`` does both at once for a key that was not ready; ``warm_up`` does them
+    for a whole plan, compiling on a thread pool."""
 
     def __init__(self, build: Callable[[Hashable], Entry], cache: ExecutableCache | None, name: str = "runner"):
         self._build = build
@@ -66,13 +72,17 @@ class Executables:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._ready
 
-    @property
-    def num_ready(self) -> int:
-        return len(self._ready)
+    def ready_keys(self) -> set:
+        """The keys whose executables are ready (compiled or loaded)."""
+        return set(self._ready)
 
     @property
     def num_loaded(self) -> int:
         return len(self.loaded_keys)
+
+    def entry(self, key: Hashable) -> Entry:
+        """How ``key``'s executable is built (its function, abstract arguments, first run)."""
+        return self._build(key)
 
     def get(self, key: Hashable):
         """The compiled executable of ``key``, compiled now (and counted) if it was not at start."""
@@ -82,22 +92,47 @@ class Executables:
                 self.compiled_after_start.append(key)
                 warnings.warn(f"jaxinfer: {self.name} compiled {key} after start: this shape is outside the "
                               "plan compiled at start (please report it)", RuntimeWarning, stacklevel=3)
-            compiled = self._load_or_compile(key)
+            pending = self.prepare(key)
+            if pending is not None:
+                self.finish(pending, pending.lowered.compile())
+            compiled = self._ready[key]
         return compiled
 
-    def _load_or_compile(self, key: Hashable):
+    def prepare(self, key: Hashable) -> "PendingCompile | None":
+        """Make ``key`` ready from the disk cache if it holds it (None); else its lowered computation."""
         entry = self._build(key)
         cache_key = entry.cache_key(self._cache) if self._cache is not None else None
-        compiled = self._cache.load(cache_key, execution_devices(entry.args)) if cache_key is not None else None
-        if compiled is not None:
-            self.loaded_keys.add(key)
-        else:
-            compiled = entry.lower().compile()
-            self.num_compiled += 1
-            if cache_key is not None:
-                self._cache.store(cache_key, compiled)
-        self._ready[key] = compiled
-        return compiled
+        if cache_key is not None:
+            compiled = self._cache.load(cache_key, execution_devices(entry.args))
+            if compiled is not None:
+                self._ready[key] = compiled
+                self.loaded_keys.add(key)
+                return None
+        return PendingCompile(self, key, entry.lower(), cache_key)
+
+    def finish(self, pending: "PendingCompile", compiled) -> None:
+        """Record the compiled executable of a prepared key (and write it to the disk cache)."""
+        self._ready[pending.key] = compiled
+        self.num_compiled += 1
+        if pending.cache_key is not None:
+            self._cache.store(pending.cache_key, compiled)
+
+    def run_once(self, key: Hashable) -> None:
+        """Execute a ready executable once on harmless inputs, if its entry says how (XLA:CPU's first
+        execution prepares kernels: better at start than in the first request)."""
+        entry = self._build(key)
+        if entry.run_once is not None:
+            entry.run_once(self._ready[key])
+
+
+@dataclasses.dataclass
+class PendingCompile:
+    """A lowered executable of ``owner`` waiting for XLA's compile."""
+
+    owner: Executables
+    key: Hashable
+    lowered: Any
+    cache_key: str | None
 
 
 @dataclasses.dataclass
@@ -115,29 +150,24 @@ class WarmUpReport:
 def warm_up(plans: list[tuple[Executables, list[Hashable]]], *, workers: int | None = None,
             progress: bool | None = None) -> WarmUpReport:
     """Make every listed key of every ``Executables`` ready: load what the disk cache has, compile the rest
-    (tracing on this thread, XLA compilations on ``workers`` threads). Returns what was done."""
+    (tracing on this thread, XLA compilations on ``workers`` threads), run each once. Returns what was done."""
     t0 = time.perf_counter()
     todo = [(ex, key) for ex, keys in plans for key in dict.fromkeys(keys) if key not in ex]
     workers = workers or max(1, os.cpu_count() or 1)
     show = sys.stderr.isatty() if progress is None else progress
-    bar = _Bar(len(todo)) if show and todo else None
+    bar = ProgressBar("compiling the shape plan", len(todo)) if show and todo else None
     from_cache = 0
-    pending: dict[concurrent.futures.Future, tuple] = {}
+    pending: dict[concurrent.futures.Future, PendingCompile] = {}
     try:
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jaxinfer-compile") as pool:
             for ex, key in todo:
-                entry = ex._build(key)
-                cache_key = entry.cache_key(ex._cache) if ex._cache is not None else None
-                compiled = ex._cache.load(cache_key, execution_devices(entry.args)) if cache_key is not None else None
-                if compiled is not None:
-                    ex._ready[key] = compiled
-                    ex.loaded_keys.add(key)
+                job = ex.prepare(key)
+                if job is None:
                     from_cache += 1
                     if bar:
                         bar.advance()
                     continue
-                lowered = entry.lower()
-                pending[pool.submit(lowered.compile)] = (ex, key, cache_key)
+                pending[pool.submit(job.lowered.compile)] = job
                 _collect(pending, bar, block=False)
             _collect(pending, bar, block=True)
     finally:
@@ -145,9 +175,7 @@ def warm_up(plans: list[tuple[Executables, list[Hashable]]], *, workers: int | N
             bar.close()
     t_run = time.perf_counter()
     for ex, key in todo:
-        entry = ex._build(key)
-        if entry.run_once is not None:
-            entry.run_once(ex._ready[key])
+        ex.run_once(key)
     for ex, _ in plans:
         ex.started = True
     report = WarmUpReport(len(todo), from_cache, time.perf_counter() - t0, time.perf_counter() - t_run)
@@ -158,26 +186,7 @@ def warm_up(plans: list[tuple[Executables, list[Hashable]]], *, workers: int | N
 def _collect(pending: dict, bar, block: bool) -> None:
     done = [f for f in pending if f.done()] if not block else list(concurrent.futures.as_completed(pending))
     for future in done:
-        ex, key, cache_key = pending.pop(future)
-        compiled = future.result()
-        ex._ready[key] = compiled
-        ex.num_compiled += 1
-        if cache_key is not None:
-            ex._cache.store(cache_key, compiled)
+        job = pending.pop(future)
+        job.owner.finish(job, future.result())
         if bar:
             bar.advance()
-
-
-class _Bar:
-    def __init__(self, total: int):
-        from rich.progress import Progress
-
-        self._progress = Progress(transient=True)
-        self._task = self._progress.add_task("compiling the shape plan", total=total)
-        self._progress.start()
-
-    def advance(self) -> None:
-        self._progress.advance(self._task)
-
-    def close(self) -> None:
-        self._progress.stop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,24 +41,25 @@ MAX_LOGPROBS = 20  # SamplingParams.logprobs is at most this; the logprobs varia
 FIRST_RUN_MAX_TOKENS = 256  # warm-up executes the step shapes up to this many tokens once
 
 
-def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None, sharding=None):
+def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None,
+                 sharding_plan=None):
     """The jitted ragged step ``step(params, kv_cache, batch, query_width) -> (logits, kv_cache)``.
 
     ``kv_cache`` is donated and updated in place; ``query_width`` (static) is the step kind for the XLA
     attention path: W >= 1 if no sequence computes more than W tokens, None for a mixed step. With a
-    ``sharding`` plan (tensor / expert parallelism) attention and MoE layers run per device under
+    ``sharding_plan`` (tensor / expert parallelism) attention and MoE layers run per device under
     ``shard_map`` and XLA partitions the rest from the params' shardings; the logits come back replicated.
     """
-    moe_fn = sharding.moe_fn() if sharding is not None else moe_block
+    moe_fn = sharding_plan.moe_fn() if sharding_plan is not None else moe_block
 
     def step(params, kv_cache, batch, query_width: int | None = None):
         attn_fn = get_attention_fn(attention_backend, query_width=query_width, sliding_window=cfg.sliding_window,
                                    interpret=interpret)
-        if sharding is not None:
-            attn_fn = sharding.shard_attention(attn_fn)
+        if sharding_plan is not None:
+            attn_fn = sharding_plan.shard_attention(attn_fn)
         return forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=moe_fn)
 
-    out = None if sharding is None else (sharding.logits_sharding, sharding.kv_cache_sharding)
+    out = None if sharding_plan is None else (sharding_plan.logits_sharding, sharding_plan.kv_cache_sharding)
     return jax.jit(step, donate_argnames="kv_cache", static_argnames=("query_width",), out_shardings=out)
 
 
@@ -132,6 +134,24 @@ def choose_variant(params: list, max_logprobs: int) -> SamplerVariant:
     return SamplerVariant(greedy=False, num_logprobs=max_logprobs, penalties=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunnerOptions:
+    """What the runners of one engine share (the target's and a draft model's)."""
+
+    num_blocks: int  # KV cache blocks (block 0 is the null block)
+    block_size: int
+    max_model_len: int
+    kv_dtype: Any
+    attention_backend: str = "xla"
+    interpret: bool | None = None  # Pallas interpret mode (None: on CPU)
+    eos_token_ids: tuple[int, ...] = ()
+    banned_width: int = 16  # columns of the banned-ids matrix (EOS and stop ids until min_tokens)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -139,55 +159,50 @@ class ModelRunner:
         params,
         *,
         plan: ShapePlan,
-        num_blocks: int,
-        block_size: int,
-        max_model_len: int,
-        kv_dtype,
-        attention_backend: str = "xla",
-        interpret: bool | None = None,
-        eos_token_ids: tuple[int, ...] = (),
-        banned_width: int = 16,
+        options: RunnerOptions,
         draft_q_shape: tuple[int, int] | None = None,
         cache: ExecutableCache | None = None,
         name: str = "target",
-        sharding=None,
+        sharding_plan=None,
         num_scheduler_steps: int = 1,
     ):
-        """``plan``: this runner's step shapes. ``banned_width``: columns of the banned-ids matrix (EOS and
-        stop ids until min_tokens). ``draft_q_shape``: (k, rows) of the draft model's distributions the
-        verifier reads (draft-model speculation), else None. ``sharding``: a ``sharding.ShardingPlan`` (tensor /
+        """``plan``: this runner's step shapes. ``draft_q_shape``: (k, rows) of the draft model's distributions
+        the verifier reads (draft-model speculation), else None. ``sharding_plan``: a ``ShardingPlan`` (tensor /
         expert parallelism; ``cfg`` must be its ``cfg``), or None for one device. ``num_scheduler_steps`` > 1
-        plans multi-step decode executables of up to that many steps (``jaxinfer.runner.multistep``; one device)."""
+        plans multi-step decode executables of up to that many steps (``jaxinfer.runner.multistep``; one
+        device)."""
         self.cfg = cfg
         self.plan = plan
-        self.eos_token_ids = tuple(eos_token_ids)
+        self.options = options
+        self.eos_token_ids = tuple(options.eos_token_ids)
         self.params = params
-        self.block_size = block_size
-        self.max_model_len = max_model_len
-        self.attention_backend, self.interpret = attention_backend, interpret
-        self.max_blocks_per_seq = -(-max_model_len // block_size)
-        self.banned_width = banned_width
+        self.block_size = options.block_size
+        self.max_model_len = options.max_model_len
+        self.attention_backend, self.interpret = options.attention_backend, options.interpret
+        self.max_blocks_per_seq = options.max_blocks_per_seq
+        self.banned_width = options.banned_width
         self.draft_q_shape = draft_q_shape
         self.max_logprobs = min(MAX_LOGPROBS, cfg.vocab_size)
-        self.sharding = sharding
-        if sharding is None:
-            self.kv_cache = allocate_kv_cache(cfg, num_blocks, block_size, kv_dtype)
+        self.sharding_plan = sharding_plan
+        if sharding_plan is None:
+            self.kv_cache = allocate_kv_cache(cfg, options.num_blocks, options.block_size, options.kv_dtype)
         else:
-            self.kv_cache = sharding.allocate_kv_cache(num_blocks, block_size, kv_dtype)
+            self.kv_cache = sharding_plan.allocate_kv_cache(options.num_blocks, options.block_size, options.kv_dtype)
         # host arrays fed to a sharded executable are placed replicated, like its compiled inputs
-        self._replicated = sharding.replicated if sharding is not None else None
-        self.step_fn = make_step_fn(cfg, attention_backend, interpret, sharding)
+        self._replicated = sharding_plan.replicated if sharding_plan is not None else None
+        self.step_fn = make_step_fn(cfg, self.attention_backend, self.interpret, sharding_plan)
         self._builders = {"step": self._step_entry, "tokens": self._tokens_entry, "multistep": self._multistep_entry}
-        if num_scheduler_steps > 1 and (sharding is not None or plan.query_width is not None):
+        if num_scheduler_steps > 1 and (sharding_plan is not None or plan.query_width is not None):
             raise ValueError("multi-step decoding runs on one device without speculation")
         self.num_scheduler_steps = num_scheduler_steps
-        self.multistep_fn = make_multistep_fn(self.step_fn, choose_tokens, block_size)
+        self.multistep_fn = make_multistep_fn(self.step_fn, choose_tokens, self.block_size)
         self.executables = Executables(self._build, cache, name=name)
         self.channel = Channel()  # multi-process runs: process 0 publishes every device call (else no-op)
         self._keys: list | None = None  # plan_keys(), indexed by the channel
         self._last_logits = None  # a follower's latest step output, for the token chooser that follows
-        mesh = "" if sharding is None else f"|mesh={dict(sharding.mesh.shape)}"
-        self._description = f"{cfg!r}|{attention_backend}|{interpret}|bs={block_size}|len={max_model_len}{mesh}"
+        mesh = "" if sharding_plan is None else f"|mesh={dict(sharding_plan.mesh.shape)}"
+        self._description = (f"{cfg!r}|{self.attention_backend}|{self.interpret}|bs={self.block_size}"
+                             f"|len={self.max_model_len}{mesh}")
 
     # -------------------------------------------------------------- the plan
     def add_builder(self, kind: str, build) -> None:
@@ -196,6 +211,22 @@ class ModelRunner:
 
     def _build(self, key) -> Entry:
         return self._builders[key[0]](key)
+
+    def model_call_entry(self, fn, args: tuple, statics: dict, exercise=None) -> Entry:
+        """The Entry of ``fn(params, kv_cache, *args, **statics) -> (*outputs, kv_cache)``: a function that
+        runs this runner's model on its cache (e.g. a draft proposer's rounds). ``exercise``: harmless host
+        values of ``args`` its first run executes on (None: no first run)."""
+        def run_once(compiled):
+            *_, self.kv_cache = compiled(self.params, self.kv_cache, *exercise)
+
+        return Entry(fn, (abstract(self.params), abstract(self.kv_cache), *args), statics, self._description,
+                     run_once if exercise is not None else None)
+
+    def call_model(self, key, *args):
+        """Run the executable of ``key`` (built by ``model_call_entry``) on this runner's params and cache;
+        the cache is donated and replaced. Returns the other outputs."""
+        *outputs, self.kv_cache = self.executables.get(key)(self.params, self.kv_cache, *args)
+        return outputs
 
     def _step_entry(self, key) -> Entry:
         shape: StepShape = key[1]
@@ -321,7 +352,7 @@ class ModelRunner:
         key = ("step", shape)
         executable = self.executables.get(key)
         batch, rows = pack(items, self.block_size, shape, self.max_blocks_per_seq)
-        if self.sharding is not None:
+        if self.sharding_plan is not None:
             self.channel.publish(self.key_index(key), jax.tree.leaves(batch))
         logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
         return logits, rows
@@ -404,7 +435,7 @@ class ModelRunner:
         if self.draft_q_shape is not None and not variant.greedy:
             draft_q = draft_q_for([(s.seq, j) for s, j in owners], num_rows)
         key = ("tokens", num_rows, variant)
-        if self.sharding is not None:
+        if self.sharding_plan is not None:
             self.channel.publish(self.key_index(key), jax.tree.leaves(md) + [drafts])
         out = self.executables.get(key)(logits, md, drafts, draft_q)
         tokens, logprobs, top_ids, top_lps, acc = host_values(

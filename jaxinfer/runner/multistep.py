@@ -38,8 +38,7 @@ def burst_length(scheduled: list, max_steps: int, max_model_len: int, block_mana
     remaining = 1
     for s in scheduled:
         q, p = s.seq, s.seq.params
-        if not s.samples or s.num_new_tokens != 1 or s.num_spec_tokens or p.has_penalties \
-                or q.num_output_tokens < p.min_tokens:
+        if not s.samples or s.num_new_tokens != 1 or s.num_spec_tokens or not q.can_choose_ahead:
             return 1
         n = min(n, max_model_len - q.num_tokens + 1)
         remaining = max(remaining, n if p.max_tokens is None else p.max_tokens - q.num_output_tokens)

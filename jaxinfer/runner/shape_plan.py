@@ -68,6 +68,14 @@ class SamplerVariant:
         return "general" + ("+penalties" if self.penalties else "") + f"+logprobs{self.num_logprobs}"
 
 
+def bucket(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum): the padded size of a count of n."""
+    size = max(minimum, 1)
+    while size < n:
+        size *= 2
+    return size
+
+
 def seq_buckets(max_num_seqs: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to ``max_num_seqs`` (which ends the list even when it is not a power of two)."""
     out, b = [], 1
@@ -172,9 +180,3 @@ class ShapePlan:
     def logits_rows(self) -> list[int]:
         """Every logits-row count a step of this runner may produce (the sampler's row counts)."""
         return sorted({s.num_logits for s in self.step_shapes()})
-
-    def verify_rows(self) -> list[int]:
-        """Row counts of verification steps (the rejection sampler's)."""
-        if self.query_width is None:
-            return []
-        return sorted({self._verify(s).num_logits for s in self.seq_buckets})

@@ -22,17 +22,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config.model import ModelConfig
+from jaxinfer.config.speculative import SpeculativeConfig
+from jaxinfer.loading.model_source import load_model
 from jaxinfer.model.attention import get_attention_fn
 from jaxinfer.model.decoder import forward
+from jaxinfer.model.linear import with_cpu_kernels
 from jaxinfer.model.step_batch import NULL_SLOT, StepBatch
 from jaxinfer.runner.batch_packing import WorkItem
-from jaxinfer.runner.executables import Entry, abstract
-from jaxinfer.runner.model_runner import ModelRunner, zeros_like_abstract
-from jaxinfer.runner.shape_plan import SamplerVariant
+from jaxinfer.runner.executables import Entry
+from jaxinfer.runner.model_runner import ModelRunner, RunnerOptions, zeros_like_abstract
+from jaxinfer.runner.shape_plan import SamplerVariant, ShapePlan
 from jaxinfer.sample import rejection_sampler
 
 
-class DraftProposer:
+class DraftModelProposer:
+    """The ``Proposer`` of ``method="draft_model"``: runs the draft through its own ``ModelRunner``."""
+
+    method = "draft_model"
+
     def __init__(self, runner: ModelRunner, num_speculative_tokens: int):
         self.runner = runner
         self.k = num_speculative_tokens
@@ -46,10 +53,38 @@ class DraftProposer:
                                                  runner.interpret)
         runner.add_builder("draft_propose", self._propose_entry)
 
-    def plan_keys(self) -> list:
+    @classmethod
+    def load(cls, spec: SpeculativeConfig, target_cfg: ModelConfig, target_tokenizer, *, dtype, seed: int,
+             plan: ShapePlan, options: RunnerOptions, cache=None) -> "DraftModelProposer":
+        """Load ``spec.model`` and check it can draft for the target (same vocabulary and tokenizer, enough
+        positions); its runner shares the target's block layout (``options``) with a dense cache."""
+        draft = load_model(spec.model, dtype, seed)
+        cfg = draft.config
+        if cfg.vocab_size != target_cfg.vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({cfg.vocab_size}) differs from the target's "
+                f"({target_cfg.vocab_size}): a draft must share the target's tokenizer"
+            )
+        if (draft.tokenizer is not None and target_tokenizer is not None
+                and draft.tokenizer.vocab_size != target_tokenizer.vocab_size):
+            raise ValueError("the draft model's tokenizer differs from the target's")
+        if cfg.max_position_embeddings < options.max_model_len and cfg.rope_scaling is None:
+            raise ValueError(
+                f"the draft model supports {cfg.max_position_embeddings} positions, less than "
+                f"max_model_len={options.max_model_len}"
+            )
+        runner = ModelRunner(cfg, draft.params, plan=plan, options=dataclasses.replace(options, kv_dtype=dtype),
+                             cache=cache, name="draft")
+        return cls(runner, spec.num_speculative_tokens)
+
+    def warm_up_plan(self) -> list:
         """The draft runner's step shapes and a proposal call per batch size, greedy or sampling."""
         keys = self.runner.plan_keys(samples=False)
-        return keys + [("draft_propose", s, g) for s in self.runner.plan.seq_buckets for g in (True, False)]
+        keys += [("draft_propose", s, g) for s in self.runner.plan.seq_buckets for g in (True, False)]
+        return [(self.runner.executables, keys)]
+
+    def runners(self) -> list:
+        return [self.runner]
 
     def _variant(self, greedy: bool) -> SamplerVariant:
         return SamplerVariant(greedy=greedy, num_logprobs=0, penalties=False)
@@ -58,16 +93,12 @@ class DraftProposer:
         _, rows, greedy = key
         r = self.runner
         i32 = lambda *d: jax.ShapeDtypeStruct(d, jnp.int32)  # noqa: E731
-        args = (abstract(r.params), abstract(r.kv_cache), jax.ShapeDtypeStruct((rows, r.cfg.vocab_size), jnp.float32),
+        args = (jax.ShapeDtypeStruct((rows, r.cfg.vocab_size), jnp.float32),
                 r.sampling_arrays(rows, self._variant(greedy)), i32(rows, r.max_blocks_per_seq), i32(rows), i32(rows))
         statics = {"rounds": self.k - 1, "greedy": greedy, "q_width": self.q_width}
-
-        def run_once(compiled):  # row 0 takes part in every round, reading and writing the null block
-            inputs = zeros_like_abstract(args[2:])
-            inputs[-1][0] = self.k - 1
-            _, _, r.kv_cache = compiled(r.params, r.kv_cache, *inputs)
-
-        return Entry(self._propose_fn, args, statics, r._description, run_once)
+        exercise = zeros_like_abstract(args)  # row 0 takes part in every round, reading and writing the null block
+        exercise[-1][0] = self.k - 1
+        return r.model_call_entry(self._propose_fn, args, statics, exercise)
 
     def propose(self, seqs, ks: list[int]) -> None:
         """Set ``seq.spec_token_ids`` (up to ``ks[i]`` tokens) for each sequence; blocks must already cover
@@ -98,8 +129,7 @@ class DraftProposer:
             tables[i, : len(s.block_ids)] = s.block_ids
             first_pos[i], rounds_left[i] = s.num_tokens, k - 1
         # always k - 1 rounds (rows near max_tokens sit the last ones out): one executable per batch size
-        tokens, q, runner.kv_cache = runner.executables.get(("draft_propose", width, greedy))(
-            runner.params, runner.kv_cache, logits, md, tables, first_pos, rounds_left)
+        tokens, q = runner.call_model(("draft_propose", width, greedy), logits, md, tables, first_pos, rounds_left)
         tokens = np.asarray(tokens)  # the one host sync: [k, width]
         self._q_rounds = q
         self._slot = {s.seq_id: i for i, s in enumerate(members)}
@@ -152,6 +182,8 @@ def make_draft_propose_fn(cfg: ModelConfig, block_size: int, attention_backend: 
 
     def draft_propose(params, kv_cache, logits0, md, block_tables, first_pos, rounds_left, *, rounds: int,
                       greedy: bool, q_width: int):
+        if attention_backend == "xla":  # pure XLA: the linears keep XLA's dots too
+            params = with_cpu_kernels(params, False)
         num_seqs = logits0.shape[0]
         slots = jnp.arange(num_seqs, dtype=jnp.int32)
         tokens, q = rejection_sampler.draft_sample(logits0, md, apply_truncation=True, all_greedy=greedy)

@@ -21,3 +21,23 @@ def propose_ngram(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int
                 if follow:
                     return follow
     return []
+
+
+class NgramProposer:
+    """The ``Proposer`` of ``method="ngram"``: point-mass drafts from ``propose_ngram``, nothing compiled."""
+
+    method = "ngram"
+    q_for = None
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, seqs: list, ks: list[int]) -> None:
+        for seq, k in zip(seqs, ks):
+            seq.spec_token_ids = propose_ngram(seq.token_ids, k, self.min_n, self.max_n)
+
+    def warm_up_plan(self) -> list:
+        return []
+
+    def runners(self) -> list:
+        return []

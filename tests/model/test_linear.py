@@ -40,17 +40,17 @@ def test_conversion_touches_only_dense_linear_weights():
 
 def test_the_cpu_loader_stores_large_layer_weights_k_major(monkeypatch):
     monkeypatch.setenv("JAXINFER_CPU_KERNELS", "0")  # without the C++ kernel, only weights of >= 1 MiB
-    _, params, *_ = load_model(None, jnp.float32)  # the embedded default model: every weight under 1 MiB
+    params = load_model(None, jnp.float32).params  # the embedded default model: every weight under 1 MiB
     assert not any(isinstance(w, KMajorWeight) for lp in params["layers"] for w in lp.values())
     monkeypatch.setattr(linear_module, "K_MAJOR_MIN_BYTES", 0)
-    _, params, *_ = load_model(None, jnp.float32)
+    params = load_model(None, jnp.float32).params
     for lp in params["layers"]:
         for name in LINEAR_WEIGHT_NAMES:
             if name in lp:
                 assert isinstance(lp[name], KMajorWeight), name
     monkeypatch.delenv("JAXINFER_CPU_KERNELS")  # with it, every dense linear weight
     monkeypatch.setattr(linear_module, "K_MAJOR_MIN_BYTES", 1 << 40)
-    _, params, *_ = load_model(None, jnp.float32)
+    params = load_model(None, jnp.float32).params
     for lp in params["layers"]:
         for name in LINEAR_WEIGHT_NAMES:
             if name in lp:

@@ -53,10 +53,7 @@ def _mixed_workload(llm: LLM, seed: int) -> None:
 
 
 def _planned_keys(engine) -> list[tuple]:
-    keys = [(engine.runner.executables, set(engine.runner.plan_keys()))]
-    if engine.proposer is not None and not isinstance(engine.proposer, str):
-        keys.append((engine.draft_runner.executables, set(engine.proposer.plan_keys())))
-    return keys
+    return [(executables, set(keys)) for executables, keys in engine.warm_up_plan()]
 
 
 @pytest.mark.parametrize("speculation", [None, "ngram", "draft_model"])
@@ -102,7 +99,7 @@ def test_every_executable_a_workload_runs_is_in_the_plan(hf_checkpoints, max_num
               for _ in lengths]
     llm.generate(prompts, params, use_tqdm=False)
     for executables, keys in _planned_keys(llm.llm_engine):
-        assert set(executables._ready) <= keys
+        assert executables.ready_keys() <= keys
 
 
 def test_lazy_mode_compiles_on_first_use_and_says_so_in_stats(hf_checkpoints):

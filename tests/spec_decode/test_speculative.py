@@ -116,8 +116,9 @@ def test_own_draft_with_uneven_room_and_sampling(hf_checkpoints, reference):
     assert s["num_accepted_tokens"] == s["num_draft_tokens"] > 20
     # shorter proposals near max_tokens ran in the planned proposal calls (k - 1 = 3 rounds), no new shape
     engine = llm.llm_engine
-    used = set(engine.draft_runner.executables._ready)
-    assert any(key[0] == "draft_propose" for key in used) and used <= set(engine.proposer.plan_keys())
+    (draft_executables, planned), = engine.proposer.warm_up_plan()
+    used = draft_executables.ready_keys()
+    assert any(key[0] == "draft_propose" for key in used) and used <= set(planned)
     before = s
     sampled = SamplingParams(temperature=0.8, top_k=20, max_tokens=24, ignore_eos=True, seed=3)
     outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], sampled, use_tqdm=False)
