@@ -7,8 +7,10 @@ Accepted: ``None`` (the embedded default model in ``jaxinfer/embedded_models/def
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +34,17 @@ def default_model_dir() -> Path:
     return path
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """What ``load_model`` returns."""
+
+    config: ModelConfig  # the config the (possibly sharded) model runs
+    params: Any  # the params pytree, placed
+    tokenizer: Any  # a jaxinfer.core.tokenizer.Tokenizer, or None (random weights, no tokenizer.json)
+    source: str  # where it came from (a path, or "random:<preset>")
+    sharding_plan: Any = None  # the ShardingPlan of a mesh, or None on one device
+
+
 def resolve_dtype(dtype: str, platform: str):
     if dtype == "auto":
         # This CPU has no native bf16 (AVX2): float32 is both faster and exact there.
@@ -41,7 +54,7 @@ def resolve_dtype(dtype: str, platform: str):
 
 def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None, expert_parallel: bool = False,
                quant=None):
-    """Return (ModelConfig, params pytree, Tokenizer | None, source description, ShardingPlan | None).
+    """The model ``model`` names, loaded as a ``LoadedModel`` (config, params, tokenizer, source, sharding plan).
 
     With a ``mesh`` (tensor / expert parallelism), the checkpoint is validated against it before anything
     is read (``model.sharding_plan.ShardingPlan.create``: a clear ValueError), loaded straight into its shardings and
@@ -87,13 +100,13 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
     if quant is not None:
         params = quant_setup.apply(params, cfg, quant, jax.default_backend())
     if plan is not None:
-        return plan.cfg, plan.place_params(params), tokenizer, source, plan
+        return LoadedModel(plan.cfg, plan.place_params(params), tokenizer, source, plan)
     if jax.default_backend() == "cpu":
         if cfg.is_moe:
             params = moe.unstack_experts(params)
         params = k_major_linear_weights(params)  # XLA:CPU's gemv reads [out, in] faster (jaxinfer.model.linear)
         cpu_ffi.available()  # build and register the C++ matvec kernel now: executables loaded from disk call it
-    return cfg, params, tokenizer, source, None
+    return LoadedModel(cfg, params, tokenizer, source, None)
 
 
 def _plan(cfg: ModelConfig, mesh, expert_parallel: bool):
