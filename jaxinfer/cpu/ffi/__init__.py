@@ -14,14 +14,25 @@ exactly into three bfloat16 terms (``JAXINFER_CPU_AMX=0`` keeps ``gemm.cc``).
 ``ragged_attention.cc`` the longer query runs (prompts, prefill chunks) as flash attention in registers
 (``jaxinfer.model.attention`` calls them on the CPU).
 
-The sources are compiled on first use with the machine's C++ compiler (``c++`` or ``$CXX``, ``-O3
--march=native``) into ``~/.cache/jaxinfer/cpu/ffi/<hash>/`` and its handlers registered with XLA
-(``build.available``). Without a compiler, or with ``JAXINFER_CPU_KERNELS=0``, ``available()`` is False and every
-caller keeps its XLA formulation: same results, slower.
+The sources are compiled with the machine's C++ compiler (``c++`` or ``$CXX``, ``-O3 -march=native``) into
+``<cache root>/cpu_ffi/<hash>/`` (``jaxinfer.envs.cache_root``) and their handlers registered with XLA when
+``load()`` is called (a CPU engine calls it as it starts; an eager call of a kernel does too), never inside a jit
+trace: traced code asks ``loaded()``. Without a compiler, or with ``JAXINFER_CPU_KERNELS=0``, ``load()`` is False
+and every caller keeps its XLA formulation: same results, slower. ``attention_backend="xla"`` keeps the XLA
+formulations even where the kernels are loaded (``jaxinfer.model.attention.resolve_attention_backend``).
 """
 
 from jaxinfer.cpu.ffi.attention import paged_attention, ragged_attention, use_paged_attention
-from jaxinfer.cpu.ffi.build import amx_available, available, fingerprint, unavailable_reason
+from jaxinfer.cpu.ffi.build import (
+                                    amx_available,
+                                    amx_loaded,
+                                    available,
+                                    compiler,
+                                    fingerprint,
+                                    load,
+                                    loaded,
+                                    unavailable_reason,
+)
 from jaxinfer.cpu.ffi.ops import (
                                   AMX_MIN_ROWS,
                                   GEMM_MIN_ROWS,
@@ -34,6 +45,6 @@ from jaxinfer.cpu.ffi.ops import (
                                   product,
 )
 
-__all__ = ["amx_available", "available", "fingerprint", "unavailable_reason", "AMX_MIN_ROWS", "GEMM_MIN_ROWS",
-           "MATVEC_MAX_ROWS", "gemm", "gemm_amx", "kernel_for", "matvec", "matvec_reference", "product",
-           "paged_attention", "ragged_attention", "use_paged_attention"]
+__all__ = ["amx_available", "amx_loaded", "available", "compiler", "fingerprint", "load", "loaded",
+           "unavailable_reason", "AMX_MIN_ROWS", "GEMM_MIN_ROWS", "MATVEC_MAX_ROWS", "gemm", "gemm_amx", "kernel_for",
+           "matvec", "matvec_reference", "product", "paged_attention", "ragged_attention", "use_paged_attention"]

@@ -21,10 +21,11 @@ _TARGETS = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.int8): "e4m3"}  # cache
 
 
 def use_paged_attention(q_dtype, cache_dtype) -> bool:
-    """Whether the XLA attention path hands its short query runs to the kernel: on the CPU, float32 queries,
-    a float32 cache or the fp8 cache's CPU storage (e4m3 bytes typed int8), kernels available."""
+    """Whether the attention path may hand its query runs to the kernels: on the CPU, float32 queries, a
+    float32 cache or the fp8 cache's CPU storage (e4m3 bytes typed int8), kernels loaded. Safe inside a trace:
+    it only asks ``build.loaded()`` (never builds)."""
     return (jax.default_backend() == "cpu" and jnp.dtype(q_dtype) == jnp.float32
-            and jnp.dtype(cache_dtype) in _TARGETS and build.available())
+            and jnp.dtype(cache_dtype) in _TARGETS and build.loaded())
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, q_lens, kv_lens, *, sm_scale: float,
@@ -79,7 +80,7 @@ def _check_heads_and_types(q, q_layout: str, k_cache, v_cache, sliding_window) -
 
 
 def _call(kernel: str, q, k_cache, v_cache, block_tables, lens_a, lens_b, sm_scale, sliding_window):
-    build.require()
+    build.require(q, k_cache)
     target = f"jaxinfer_{kernel}_{_TARGETS[jnp.dtype(k_cache.dtype)]}"
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     i32 = jnp.int32

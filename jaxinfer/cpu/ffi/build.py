@@ -1,10 +1,15 @@
 """Compile the C++ kernels (``matvec.cc``, ``gemm.cc``, ``gemm_amx.cc``, ``paged_attention.cc``,
 ``ragged_attention.cc``) once per machine into one shared library and register their handlers with XLA:CPU.
 
-The library lives in ``$JAXINFER_CACHE_DIR/cpu_ffi/<hash>/`` (default ``~/.cache/jaxinfer``), the hash
-covering the sources, the compiler command, jaxlib's version and the CPU (``-march=native`` code runs only
-where it was built), so a change to any of them builds afresh; concurrent processes each build into a
-temporary name and rename it into place. ``JAXINFER_CPU_KERNELS=0`` turns the kernels off.
+The library lives in ``<cache root>/cpu_ffi/<hash>/`` (``jaxinfer.envs.cache_root``: ``$JAXINFER_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/jaxinfer``, else ``~/.cache/jaxinfer``), the hash covering the sources, the compiler
+command, jaxlib's version and the CPU (``-march=native`` code runs only where it was built), so a change to any
+of them builds afresh; concurrent processes each build into a temporary name and rename it into place.
+``JAXINFER_CPU_KERNELS=0`` turns the kernels off.
+
+Building and loading happen only when asked, outside any trace: ``load()`` (the engine calls it when a CPU
+engine starts), ``available()`` / ``unavailable_reason()`` (the same, for load-time callers), or an eager call of
+a kernel. Code that runs while a function is traced asks ``loaded()`` only, which never builds anything.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 
 import jax
 
+from jaxinfer import envs
+
 HERE = Path(__file__).parent
 SOURCES = (HERE / "matvec.cc", HERE / "gemm.cc", HERE / "gemm_amx.cc", HERE / "paged_attention.cc",
            HERE / "ragged_attention.cc")
@@ -30,8 +37,8 @@ TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3"
            "jaxinfer_gemm_int8", "jaxinfer_gemm_e4m3", "jaxinfer_gemm_amx_int8", "jaxinfer_gemm_amx_e4m3",
            "jaxinfer_paged_attention_f32", "jaxinfer_paged_attention_e4m3", "jaxinfer_ragged_attention_f32",
            "jaxinfer_ragged_attention_e4m3")
-ENV_SWITCH = "JAXINFER_CPU_KERNELS"
-AMX_SWITCH = "JAXINFER_CPU_AMX"
+ENV_SWITCH = envs.CPU_KERNELS.name
+AMX_SWITCH = envs.CPU_AMX.name
 
 
 def _compiler() -> str | None:
@@ -78,11 +85,17 @@ def _cpu_flags() -> str:
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("JAXINFER_CACHE_DIR", Path.home() / ".cache" / "jaxinfer")) / "cpu_ffi"
+    return envs.cache_root() / "cpu_ffi"
 
 
 def switched_off() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+    """``JAXINFER_CPU_KERNELS=0`` (``jaxinfer.envs``): the global off switch, read on every call."""
+    return not envs.cpu_kernels_enabled()
+
+
+def compiler() -> str | None:
+    """The C++ compiler the kernels are built with (``$CXX``, ``c++``, ``g++`` or ``clang++``), or None."""
+    return _compiler()
 
 
 @functools.cache
@@ -129,7 +142,7 @@ def _library() -> ctypes.CDLL:
 
 @functools.cache
 def _register() -> str:
-    """"" once the handlers are registered with XLA:CPU, else why they are not."""
+    """"" once the handlers are registered with XLA:CPU, else why they are not (builds the library first)."""
     library, reason = _build()
     if library is None:
         return reason
@@ -142,9 +155,14 @@ def _register() -> str:
     return ""
 
 
+def _registered() -> bool:
+    """Whether ``_register`` already ran in this process and succeeded (never runs it)."""
+    return _register.cache_info().currsize > 0 and _register() == ""
+
+
 def unavailable_reason() -> str | None:
     """None when the kernels can be used in this process (building and registering them now if needed),
-    else why not."""
+    else why not. Never call it inside a jit trace: use ``loaded()`` there."""
     if switched_off():
         return f"{ENV_SWITCH}=0"
     if "cpu" not in {d.platform for d in jax.devices("cpu")}:
@@ -153,9 +171,23 @@ def unavailable_reason() -> str | None:
     return reason or None
 
 
+def load() -> bool:
+    """Build the kernels (the first time on this machine: a few seconds; then a cached library) and register
+    them with XLA:CPU now, outside any trace; True if they are usable in this process. Quiet: a failure is
+    reported by ``unavailable_reason()``. The engine calls it when a CPU engine starts; JAX users calling the
+    jitted model functions directly call it (or ``jaxinfer.model.attention.resolve_attention_backend``) before
+    tracing, else the traced functions keep their XLA formulations."""
+    return unavailable_reason() is None
+
+
+def loaded() -> bool:
+    """Whether the kernels are registered in this process and switched on: what trace-time code asks (it
+    never builds or loads anything)."""
+    return not switched_off() and _registered()
+
+
 def available() -> bool:
-    """True if the kernels can be used in this process: switched on, built (now, the first time: a few
-    seconds) and registered. A build failure is warned about once, and False is returned."""
+    """``load()``, warning once when a build fails (not when they are switched off)."""
     reason = unavailable_reason()
     if reason is not None and not switched_off():
         _warn_once(reason)
@@ -164,7 +196,7 @@ def available() -> bool:
 
 @functools.cache
 def _warn_once(reason: str) -> None:
-    warnings.warn(f"jaxinfer: the C++ CPU kernels are unavailable, using XLA's matmuls instead: {reason}",
+    warnings.warn(f"jaxinfer: the C++ CPU kernels are unavailable, using pure XLA instead: {reason}",
                   stacklevel=3)
 
 
@@ -173,25 +205,56 @@ def _cpu_has_amx() -> bool:
     return bool(_library().jaxinfer_amx_available())
 
 
+def amx_loaded() -> bool:
+    """Trace-time: the kernels are loaded (``loaded()``) and this CPU and OS let the process use AMX tiles,
+    unless ``JAXINFER_CPU_AMX=0``."""
+    return envs.cpu_amx_enabled() and loaded() and _cpu_has_amx()
+
+
 def amx_available() -> bool:
-    """True if the kernels are available and this CPU and OS let the process use AMX tiles (Intel Sapphire
-    Rapids and later; Linux grants the permission on request), unless ``JAXINFER_CPU_AMX=0``."""
-    if os.environ.get(AMX_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    """True if the kernels are available (loading them now if needed, like ``available()``) and this CPU and
+    OS let the process use AMX tiles (Intel Sapphire Rapids and later; Linux grants the permission on
+    request), unless ``JAXINFER_CPU_AMX=0``."""
+    if not envs.cpu_amx_enabled():
         return False
     return available() and _cpu_has_amx()
 
 
 def fingerprint() -> str:
-    """What executables traced in this process depend on: "off", or the built library's name (part of the
+    """What executables traced in this process depend on: "off", or the loaded library's name (part of the
     compilation-cache key, so executables with and without the kernels never mix). Off unless the default
-    backend is the CPU (the engine uses the kernels only there)."""
-    if jax.default_backend() != "cpu" or not available():
+    backend is the CPU (the engine uses the kernels only there) and the kernels are loaded; never builds."""
+    if jax.default_backend() != "cpu" or not loaded():
         return "off"
-    return _build()[0].parent.name + ("-amx" if amx_available() else "")
+    return _build()[0].parent.name + ("-amx" if amx_loaded() else "")
 
 
-def require() -> None:
-    """Build and register the kernels now if needed; RuntimeError saying why if they cannot be used."""
+def library_path() -> Path | None:
+    """The shared library the loaded kernels come from, or None when they are not loaded."""
+    return _build()[0] if loaded() else None
+
+
+def _is_traced(arrays) -> bool:
+    return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def require(*arrays) -> None:
+    """Make sure the kernels can be called with ``arrays``: loaded already, or loaded now when none of them is
+    a tracer (an eager call: outside any trace). RuntimeError saying why they cannot be used, and inside a
+    trace when they were never loaded (call ``load()`` first)."""
+    if loaded():
+        return
+    if _is_traced(arrays) and not switched_off():
+        raise RuntimeError("the C++ CPU kernels are not loaded in this process, and they are never built inside "
+                           "a jit trace: call jaxinfer.cpu.ffi.load() before tracing")
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"the C++ CPU kernels are unavailable: {reason}")
+
+
+def ensure_loaded_for(*arrays) -> bool:
+    """Whether a product or attention call with ``arrays`` may use the kernels: ``loaded()``, or for an eager
+    call (no tracer among ``arrays``) ``available()`` (building and loading them now, the first time)."""
+    if loaded():
+        return True
+    return not _is_traced(arrays) and not switched_off() and available()

@@ -39,12 +39,12 @@ KINDS = tuple(MATVEC_MAX_ROWS)
 
 def kernel_for(rows: int, x_dtype, kind: str = "f32") -> str | None:
     """"matvec", "gemm", "gemm_amx" or None (XLA) for a product of ``rows`` activation rows of ``x_dtype`` with a
-    ``kind`` weight (building the kernels the first time)."""
-    if jnp.dtype(x_dtype) != jnp.float32 or not build.available():
+    ``kind`` weight. Safe inside a trace: it only asks whether the kernels are loaded (``build.loaded()``)."""
+    if jnp.dtype(x_dtype) != jnp.float32 or not build.loaded():
         return None
     if rows <= MATVEC_MAX_ROWS[kind]:
         return "matvec"
-    if rows >= AMX_MIN_ROWS[kind] and build.amx_available():
+    if rows >= AMX_MIN_ROWS[kind] and build.amx_loaded():
         return "gemm_amx"
     return "gemm" if rows >= GEMM_MIN_ROWS[kind] else None
 
@@ -63,7 +63,7 @@ def _check(x, w, scale, kind):
 
 def _call(algorithm: str, x, w, scale, kind):
     _check(x, w, scale, kind)
-    build.require()
+    build.require(x, w)
     target = f"jaxinfer_{algorithm}_{'e4m3' if kind == 'e4m3_bits' else kind}"
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
     return call(x, w) if scale is None else call(x, w, scale.astype(jnp.float32))
@@ -71,7 +71,9 @@ def _call(algorithm: str, x, w, scale, kind):
 
 def product(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, kind: str = "f32") -> jax.Array | None:
     """``x [M, K] @ decode(w [N, K]).T * scale`` by the kernel ``kernel_for`` picks, or None where XLA's dot is
-    the faster formulation."""
+    the faster formulation or the kernels are not loaded (an eager call loads them the first time; a traced one
+    never does: ``build.load()`` first)."""
+    build.ensure_loaded_for(x, w)
     algorithm = kernel_for(x.shape[0], x.dtype, kind)
     return None if algorithm is None else _call(algorithm, x, w, scale, kind)
 
@@ -93,7 +95,8 @@ def gemm_amx(x: jax.Array, w: jax.Array, scale: jax.Array, kind: str = "int8") -
     bfloat16 terms, the weight packed as bfloat16 once per call (needs ``build.amx_available()``)."""
     if kind == "f32":
         raise ValueError("gemm_amx takes 8-bit weights (kind 'int8' or 'e4m3_bits'), not 'f32'")
-    if not build.amx_available():
+    build.require(x, w)
+    if not build.amx_loaded():
         raise RuntimeError("AMX tiles are not usable here (CPU, OS or JAXINFER_CPU_AMX=0)")
     return _call("gemm_amx", x, w, scale, kind)
 
