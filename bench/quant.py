@@ -40,7 +40,7 @@ import numpy as np
 from bench import hardware, report
 from bench.moe import BLOCK_SIZE, decode_batches
 from jaxinfer.cpu import host_allocator
-from jaxinfer.model.attention import get_attention_fn
+from jaxinfer.model.attention import get_attention_fn, resolve_attention_backend
 from jaxinfer.model.decoder import forward
 from jaxinfer.model.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
 from jaxinfer.model.linear import k_major_linear_weights
@@ -110,7 +110,7 @@ def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[di
     the timed steps run round-robin over the variants (a load change on a shared machine hits them all alike);
     the step time is each variant's median."""
     platform = jax.default_backend()
-    backend = "pallas" if platform == "gpu" else "xla"
+    backend = resolve_attention_backend("auto", platform)  # the engine's default: the C++ kernels on a CPU
     params = {n: quant_setup.apply(dense, cfg, VARIANTS[n], platform) for n in names}
     if platform == "cpu":  # the engine's CPU setup: dense linears K-major (jaxinfer.model.linear), freed memory kept
         params = {n: k_major_linear_weights(p) for n, p in params.items()}

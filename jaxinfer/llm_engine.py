@@ -27,8 +27,10 @@ from jaxinfer.core.output_processor import OutputProcessor
 from jaxinfer.core.scheduler import Scheduler, SchedulerConfig
 from jaxinfer.core.sequence import Sequence
 from jaxinfer.core.tokenizer import IncrementalDetokenizer
+from jaxinfer.cpu import ffi as cpu_ffi
 from jaxinfer.cpu import host_allocator
 from jaxinfer.loading.model_source import load_model, resolve_dtype
+from jaxinfer.model.attention import resolve_attention_backend
 from jaxinfer.outputs import RequestMetrics, RequestOutput
 from jaxinfer.quantization import options as quant_setup
 from jaxinfer.runner import kv_pool, multihost
@@ -53,6 +55,7 @@ class LLMEngine:
         platform = jax.default_backend()
         if platform == "cpu":
             host_allocator.keep_freed_memory_in_heap()
+            cpu_ffi.load()  # build / load the C++ kernels now, outside any trace (traced code asks loaded())
         self.dtype = resolve_dtype(config.dtype, platform)
         self.mesh = self._make_mesh()
         if self.mesh is not None and config.speculative_config and config.speculative_config.get("method") == "draft_model":
@@ -60,9 +63,7 @@ class LLMEngine:
                 "a draft model with tensor_parallel_size > 1 is not supported yet: use method 'ngram' "
                 "or tensor_parallel_size=1"
             )
-        backend = config.attention_backend
-        if backend == "auto":
-            backend = "pallas" if platform == "gpu" else "xla"
+        backend = resolve_attention_backend(config.attention_backend, platform)
         quant = quant_setup.QuantOptions(config.quantization, config.kv_cache_dtype)
         quant_setup.check_platform(quant, platform, backend)  # before anything is read or allocated
         checkpoint_kind = quant_setup.check_checkpoint(quant, config.model, quant_setup.has_fp8_compute(platform))

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-ATTENTION_BACKENDS = ("auto", "xla", "pallas")
+# named by what runs (jaxinfer.model.attention.resolve_attention_backend): "pallas" the Pallas kernel, "xla" pure
+# XLA (no C++ kernel anywhere), "cpu" the C++ kernels of jaxinfer.cpu.ffi; "auto": pallas on a GPU, cpu on a CPU
+# where the kernels load, else xla
+ATTENTION_BACKENDS = ("auto", "pallas", "xla", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILATION_MODES = ("eager", "lazy")
 QUANTIZATION_METHODS = (None, "fp8", "fp8_w8a16", "int8")  # jaxinfer.quantization.options does the rest of the checks

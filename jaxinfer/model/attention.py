@@ -21,6 +21,10 @@ queries (a decode or verification step: the short loop only); ``None`` is a mixe
 take the short loop, longer runs the query-block loop). Nothing else about the batch is static.
 
 Caches may be float, float8_e4m3fn, or e4m3 bytes typed int8 (an fp8 KV cache on the CPU): ``widen_kv``.
+
+Backends are named by what runs (``BACKENDS``, ``resolve_attention_backend``): "pallas" (the Pallas kernel),
+"xla" (the loops here, on every platform, no C++ kernel), "cpu" (the C++ kernels where they apply, these loops
+elsewhere); "auto" picks one per platform. ``get_attention_fn`` returns the function of a resolved backend.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ import jax.numpy as jnp
 
 from jaxinfer.cpu import ffi as cpu_ffi
 
-BACKENDS = ("xla", "pallas")
+# What runs the attention (and, on a CPU, the linears: ``jaxinfer.model.linear.with_cpu_kernels``); "auto" is
+# resolved to one of them by ``resolve_attention_backend``.
+BACKENDS = ("pallas", "xla", "cpu")
 _FINITE_MIN = -1e30  # running-max start: finite, so a block with no valid key rescales by exp(0), never NaN
 
 
@@ -222,8 +228,9 @@ def xla_ragged_paged_attention(
     ``query_width`` (static): W >= 1 promises that no sequence has more than W queries (decode: 1;
     verification of k drafts: 1 + k): one short-query loop serves every slot. None: any run lengths;
     single-query slots take the short-query loop, longer runs the query-block loop.
-    ``cpu_kernel``: whether the C++ kernels take the step (None: on the CPU when they are available): single
-    queries and short query runs ``cpu_ffi.paged_attention``, longer runs ``cpu_ffi.ragged_attention``.
+    ``cpu_kernel``: whether the C++ kernels take the step (None: on the CPU when they are loaded,
+    ``cpu_ffi.loaded()``): single queries and short query runs ``cpu_ffi.paged_attention``, longer runs
+    ``cpu_ffi.ragged_attention``.
     """
     num_tokens = q_TNH.shape[0]
     num_seqs = kv_lens.shape[0]
@@ -255,13 +262,57 @@ def xla_ragged_paged_attention(
     return jnp.where(real[:, None, None], out, 0.0).astype(q_TNH.dtype)
 
 
+def resolve_attention_backend(requested: str, platform: str) -> str:
+    """The backend that runs for ``requested`` ("auto", "pallas", "xla" or "cpu") on ``platform`` (JAX's
+    ``jax.default_backend()``: "cpu", "gpu", "tpu").
+
+    * "pallas": the Pallas kernel (``pallas_kernels.ragged_paged_attention``; interpreted on a CPU);
+    * "xla": pure XLA everywhere, no C++ kernel (the XLA loops above; linears by XLA's dots);
+    * "cpu": the C++ kernels of ``jaxinfer.cpu.ffi`` (paged / ragged attention, the matrix products); the CPU
+      platform only, and only where they load (built now if needed);
+    * "auto": "pallas" on a GPU; on a CPU "cpu" where the kernels load, else "xla" (a failed build is warned
+      about; ``JAXINFER_CPU_KERNELS=0`` is not); "xla" elsewhere.
+
+    "cpu" on another platform, or where the kernels cannot be loaded, is a ValueError. Call it outside any
+    trace (it may build the kernels): the engine does as it starts.
+    """
+    if requested not in ("auto", *BACKENDS):
+        raise ValueError(f"attention_backend must be one of {('auto', *BACKENDS)}, got {requested!r}")
+    if requested == "auto":
+        if platform == "gpu":
+            return "pallas"
+        return "cpu" if platform == "cpu" and cpu_ffi.available() else "xla"
+    if requested == "cpu":
+        if platform != "cpu":
+            raise ValueError(f"attention_backend='cpu' runs the C++ CPU kernels (jaxinfer.cpu.ffi), but JAX runs on "
+                             f"{platform!r} here: use 'auto', 'pallas' or 'xla' (or JAX_PLATFORMS=cpu)")
+        reason = cpu_ffi.unavailable_reason()
+        if reason is not None:
+            raise ValueError(f"attention_backend='cpu' runs the C++ CPU kernels (jaxinfer.cpu.ffi), which cannot be "
+                             f"used here: {reason}. Use attention_backend='xla' (pure XLA) or 'auto'")
+    return requested
+
+
 def get_attention_fn(backend: str, *, query_width: int | None, sliding_window: int | None,
                      interpret: bool | None = None):
-    """Return ``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)`` for a backend."""
+    """Return ``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)`` for a resolved backend
+    (``resolve_attention_backend``): "xla" never calls a C++ kernel; "cpu" hands the query runs to them where
+    their types apply (float32 queries; float32 or e4m3-byte caches) and needs them loaded
+    (``jaxinfer.cpu.ffi.load()``, which ``resolve_attention_backend`` calls)."""
     if backend == "xla":
-        return functools.partial(xla_ragged_paged_attention, query_width=query_width, sliding_window=sliding_window)
+        return functools.partial(xla_ragged_paged_attention, query_width=query_width, sliding_window=sliding_window,
+                                 cpu_kernel=False)
+    if backend == "cpu":
+        if not cpu_ffi.loaded():
+            raise RuntimeError("attention_backend='cpu' needs the C++ CPU kernels loaded in this process: call "
+                               "jaxinfer.cpu.ffi.load() (or resolve_attention_backend('cpu', 'cpu')) before tracing")
+        return functools.partial(xla_ragged_paged_attention, query_width=query_width, sliding_window=sliding_window,
+                                 cpu_kernel=None)
     if backend == "pallas":
         from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 
         return functools.partial(ragged_paged_attention, sliding_window=sliding_window, interpret=interpret)
-    raise ValueError(f"attention_backend must be one of {BACKENDS} or 'auto', got {backend!r}")
+    if backend == "auto":
+        raise ValueError("attention_backend 'auto' must be resolved first: resolve_attention_backend('auto', "
+                         "jax.default_backend())")
+    raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")

@@ -16,7 +16,8 @@ default model's 256 x 256 and 256 x 768 weights ran slower K-major (decode at ba
 ``k_major_linear_weights`` converts a params pytree once, at load. Float32 products with a K-major weight go
 to the C++ kernels (``jaxinfer.cpu.ffi.product``) where they are faster than XLA's dot: decode-sized ones
 (up to ``MATVEC_MAX_ROWS``) to the matvec kernel (1.3x XLA's dot over the 134M Llama's weights at batch 1);
-larger ones stay with XLA.
+larger ones stay with XLA. A weight's static ``cpu_kernel`` flag turns that off (``with_cpu_kernels``: what
+``attention_backend="xla"`` applies).
 
 Not routed through here: the stacked routed-expert weights of an MoE layer (``jaxinfer.model.moe`` indexes one
 expert at a time or calls ``ragged_dot``: a grouped matmul, not a linear), and the tied LM head
@@ -39,12 +40,14 @@ from jaxinfer.quantization.quantized_weight import LINEAR_WEIGHT_NAMES, Quantize
 K_MAJOR_MIN_BYTES = 1 << 20  # between the two measured sizes (768 KB: slower K-major; 2.4 MB: faster)
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["t"], meta_fields=[])
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["t"], meta_fields=["cpu_kernel"])
 @dataclasses.dataclass(frozen=True)
 class KMajorWeight:
-    """A dense linear weight ``w [in, out]`` held transposed: ``t = w.T``, ``[out, in]``."""
+    """A dense linear weight ``w [in, out]`` held transposed: ``t = w.T``, ``[out, in]``. ``cpu_kernel``
+    (static): whether its products may go to the C++ kernels (``with_cpu_kernels``)."""
 
     t: Any
+    cpu_kernel: bool = True
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -62,7 +65,7 @@ def linear(x, w, *, out_dtype=None):
         return quantized_linear(x, w, out_dtype=out_dtype)
     if isinstance(w, KMajorWeight):
         rows = math.prod(x.shape[:-1])
-        if out_dtype in (None, jnp.float32) and w.dtype == jnp.float32:
+        if w.cpu_kernel and out_dtype in (None, jnp.float32) and w.dtype == jnp.float32:
             y = cpu_ffi.product(x.reshape(rows, x.shape[-1]), w.t)
             if y is not None:
                 return y.reshape(*x.shape[:-1], w.t.shape[0])
@@ -92,3 +95,20 @@ def k_major_linear_weights(params: dict, min_bytes: int | None = None) -> dict:
     if "lm_head" in out:
         out["lm_head"] = convert(out["lm_head"])
     return out
+
+
+def _has_cpu_kernel_flag(w) -> bool:
+    return isinstance(w, (KMajorWeight, QuantizedWeight))
+
+
+def with_cpu_kernels(params, enabled: bool):
+    """``params`` with every K-major and quantized weight's ``cpu_kernel`` flag set to ``enabled`` (the same
+    arrays: only the static flag changes). ``enabled=False`` keeps every product with XLA's formulations:
+    ``make_step_fn(cfg, "xla")`` applies it inside the traced step, which is how ``attention_backend="xla"``
+    means no C++ kernel anywhere. With True, the kernels take the products where they are loaded and faster."""
+    def tag(w):
+        if _has_cpu_kernel_flag(w) and w.cpu_kernel != enabled:
+            return dataclasses.replace(w, cpu_kernel=enabled)
+        return w
+
+    return jax.tree.map(tag, params, is_leaf=_has_cpu_kernel_flag)

@@ -181,11 +181,11 @@ def apply(params: dict, cfg: ModelConfig, options: QuantOptions, platform: str) 
 
 
 def kv_cache_dtype(options: QuantOptions, model_dtype, attention_backend: str = "pallas"):
-    """The KV cache arrays' dtype: the model's, or e4m3 (its bytes typed int8 for the XLA attention path on a
-    CPU: ``jaxinfer.model.kv_cache.FP8_BITS_KV_DTYPE``)."""
+    """The KV cache arrays' dtype: the model's, or e4m3 (its bytes typed int8 for the XLA and C++ attention
+    paths on a CPU, backends "xla" and "cpu": ``jaxinfer.model.kv_cache.FP8_BITS_KV_DTYPE``)."""
     if options.kv_cache_dtype != "fp8":
         return jnp.dtype(model_dtype)
-    if attention_backend == "xla" and jax.default_backend() == "cpu":
+    if attention_backend in ("xla", "cpu") and jax.default_backend() == "cpu":
         return FP8_BITS_KV_DTYPE
     return FP8_KV_DTYPE
 

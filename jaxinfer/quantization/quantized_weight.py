@@ -49,7 +49,7 @@ LINEAR_WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["qweight", "scale", "input_scale"],
-                   meta_fields=["method", "block_shape"])
+                   meta_fields=["method", "block_shape", "cpu_kernel"])
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
     """An 8-bit linear weight (a pytree; ``method`` and ``block_shape`` are static).
@@ -58,6 +58,8 @@ class QuantizedWeight:
     scale        [N] float32 per output channel, or [ceil(N/BN), ceil(K/BK)] for "fp8_block"
     input_scale  None, or a float32 scalar: a static per-tensor activation scale ("fp8" only)
     block_shape  (BN, BK) for "fp8_block", else None
+    cpu_kernel   whether the "cpu" implementation may hand the product to the C++ kernels (static;
+                 ``jaxinfer.model.linear.with_cpu_kernels``); False keeps XLA's formulation
     """
 
     qweight: Any
@@ -65,6 +67,7 @@ class QuantizedWeight:
     input_scale: Any = None
     method: str = "fp8"
     block_shape: tuple[int, int] | None = None
+    cpu_kernel: bool = True
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -233,7 +236,7 @@ def _linear_cpu(x, qw: QuantizedWeight):
 
     x = _quantize_activations_like_kernels(x, qw)
     kind = _weight_kind(qw)
-    if qw.method != "fp8_block" and kind != "e4m3":
+    if qw.cpu_kernel and qw.method != "fp8_block" and kind != "e4m3":
         y = cpu_ffi.product(x, qw.qweight, qw.scale, kind)
         if y is not None:
             return y

@@ -27,6 +27,7 @@ from jaxinfer.core.scheduler import ScheduledSeq
 from jaxinfer.model.attention import get_attention_fn
 from jaxinfer.model.decoder import forward
 from jaxinfer.model.kv_cache import allocate_kv_cache
+from jaxinfer.model.linear import with_cpu_kernels
 from jaxinfer.model.moe import moe_block
 from jaxinfer.runner.batch_packing import WorkItem, abstract_batch, pack
 from jaxinfer.runner.compile_cache import ExecutableCache
@@ -53,6 +54,8 @@ def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bo
     moe_fn = sharding_plan.moe_fn() if sharding_plan is not None else moe_block
 
     def step(params, kv_cache, batch, query_width: int | None = None):
+        if attention_backend == "xla":  # pure XLA: the linears keep XLA's dots too
+            params = with_cpu_kernels(params, False)
         attn_fn = get_attention_fn(attention_backend, query_width=query_width, sliding_window=cfg.sliding_window,
                                    interpret=interpret)
         if sharding_plan is not None:
