@@ -1,11 +1,14 @@
 """The ``jaxinfer`` command: ``generate`` text from a model, ``convert`` an HF checkpoint to orbax, ``serve`` it
-over an OpenAI-compatible HTTP API (``jaxinfer.server``)."""
+over an OpenAI-compatible HTTP API (``jaxinfer.server``), and ``env``: what this machine gives jaxinfer
+(``jaxinfer.env_report``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from jaxinfer.config.engine import ATTENTION_BACKENDS
 
 
 def _generate(args) -> int:
@@ -46,6 +49,12 @@ def _serve(args) -> int:
     return serve(args)
 
 
+def _env(args) -> int:
+    from jaxinfer import env_report
+
+    return env_report.main(as_json=args.json)
+
+
 def _convert_quantized(args) -> int:
     """``convert --quantization METHOD``: quantize on load (as ``LLM(quantization=METHOD)`` does; e4m3
     weights kept as float8) and write a quantized orbax directory (``jaxinfer.loading.quantized_orbax``)."""
@@ -77,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--model", default=None, help="HF dir, converted dir, or random:<preset>; default: embedded model")
     g.add_argument("--dtype", default="auto")
     g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--attention-backend", default="auto")
+    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                   help="pallas, xla (pure XLA), cpu (the C++ CPU kernels); auto: pallas on a GPU, cpu on a CPU")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -101,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_serve_arguments(s)
     s.set_defaults(func=_serve)
+    e = sub.add_parser("env", help="report versions, devices, the attention backend 'auto' picks, the C++ CPU "
+                                   "kernels, the caches and the JAXINFER_* variables set (for bug reports)")
+    e.add_argument("--json", action="store_true", help="one JSON object")
+    e.set_defaults(func=_env)
     args = parser.parse_args(argv)
     return args.func(args)
 
