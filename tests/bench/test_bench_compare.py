@@ -80,7 +80,7 @@ class DiesRunner(EchoRunner):
         os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
 
 
-_HERE = "tests.test_bench_compare"
+_HERE = "tests.bench.test_bench_compare"
 
 
 def _fake_runners(**extra):

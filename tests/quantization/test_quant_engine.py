@@ -217,7 +217,7 @@ def _per_tensor_static(w):
 
 @pytest.fixture(scope="module")
 def quantized_dirs(hf_checkpoints, tmp_path_factory):
-    from tests.test_quantization_loader import write_quantized_checkpoint
+    from tests.loading.test_quantization_loader import write_quantized_checkpoint
 
     root = tmp_path_factory.mktemp("prequantized")
     hf = hf_checkpoints["llama_gqa"]
@@ -342,7 +342,7 @@ import json, sys
 import jax
 from jaxinfer import LLM
 from jaxinfer.quantization.quantized_weight import is_quantized
-from tests.test_quant_engine import ENGINE, TP_CASES, _tokens
+from tests.quantization.test_quant_engine import ENGINE, TP_CASES, _tokens
 assert jax.device_count() == 8
 out = {}
 for name, options in TP_CASES.items():

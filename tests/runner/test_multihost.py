@@ -29,7 +29,7 @@ _PROCESS = textwrap.dedent("""
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
     from jaxinfer import LLM, SamplingParams
     from tests.prompts import random_prompts
-    from tests.test_multihost import ENGINE, PARAMS
+    from tests.runner.test_multihost import ENGINE, PARAMS
     assert jax.device_count() == 4 and jax.local_device_count() == 2
     llm = LLM(model=path, tensor_parallel_size=4, compilation="lazy", enable_compilation_cache=False, **ENGINE)
     if pid == 0:
