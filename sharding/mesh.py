@@ -10,8 +10,8 @@ vocabulary are split over both axes, i.e. over every device. So
   over the 4 devices, attention still tensor-parallel over them (mesh ``(4, 1)``);
 * ``make_mesh(4, 2)`` is the hybrid: 2 groups of experts, each expert split over 2 devices.
 
-Axes are ``AxisType.Auto`` (XLA's partitioner propagates shardings from the weights; FACTS.md: a Megatron
-MLP then compiles to exactly one all-reduce). ``jax.devices()`` lists every process's devices when
+Axes are ``AxisType.Auto`` (XLA's partitioner propagates shardings from the weights; a Megatron MLP then
+compiles to exactly one all-reduce). ``jax.devices()`` lists every process's devices when
 ``jax.distributed`` is initialised, so the same call builds the global mesh of a multi-host run.
 """
 

@@ -3,7 +3,7 @@
 * ``shard_attention(attn_fn, mesh)``: the given ragged paged attention (XLA path or the Pallas kernel) on
   each device's own query heads and KV cache shard; block tables and lengths are replicated. No
   communication: heads are independent. ``check_vma=False`` because a ``pallas_call`` inside
-  ``shard_map`` fails the varying-manual-axes check (FACTS.md).
+  ``shard_map`` fails the varying-manual-axes check.
 * ``shard_moe(block_fn, mesh, param_axes, experts_per_device)``: a mixture-of-experts block with tokens
   replicated, each device computing its local experts (its slice of the expert axis, and of each expert's
   FFN) plus its slice of any dense part (a shared expert), then one ``psum`` over the mesh. The caller hands

@@ -1,5 +1,5 @@
-"""The architecture's import rules, checked on the source (DESIGN.md: ``bench -> jaxinfer -> {pallas_kernels,
-sharding}``, the host side without JAX, no import cycles anywhere).
+"""The architecture's import rules, checked on the source: ``bench -> jaxinfer -> {pallas_kernels,
+sharding}``, the host side without JAX, no import cycles anywhere.
 
 * no import cycle among the modules of jaxinfer, pallas_kernels, sharding and bench (imports at any level);
 * ``pallas_kernels`` imports none of the engine's packages, ``sharding`` neither jaxinfer nor bench, and

@@ -9,7 +9,7 @@ CPU with AMX tiles the AMX kernel instead, several times the float32 rate). The
 XLA formulation below remains for block-wise fp8 weights, float8-typed ones, and machines without a C++
 compiler.
 
-XLA:CPU has no fast integer or mixed-precision gemv (FACTS.md): converting a whole 8-bit weight to
+XLA:CPU has no fast integer or mixed-precision gemv: converting a whole 8-bit weight to
 float32 and then calling the dot materialises 4x the bytes (5-10x slower than the float32 weight
 itself, measured), multiply-and-reduce formulations become slow reduction loops (jax 0.10.2 sends
 them to a YNNPACK fusion: ~50x slower), an int8 x int8 -> int32 dot is as slow as the whole

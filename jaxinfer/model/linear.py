@@ -9,9 +9,9 @@ weights' shardings (a quantized weight's scales are sharded with its output chan
 
 On one CPU device the dense linear weights are stored K-major (``KMajorWeight``: ``[out, in]``, the
 contraction over the last axis of both operands): XLA:CPU's matrix-vector products read them faster
-(measured on this project's 2-core machine, the chain of a 134M Llama's weights at batch 1: 27.0 -> 23.0 ms;
+(on a 2-core CPU, the chain of a 134M Llama's weights at batch 1: 23.0 ms K-major vs 27.0 ms ``[in, out]``;
 keeping ``[in, out]`` with a K-major device layout instead was 8x slower) — when they are large: the embedded
-default model's 256 x 256 and 256 x 768 weights ran slower K-major (decode at batch 4: 2.74 -> 3.48 ms), the
+default model's 256 x 256 and 256 x 768 weights ran slower K-major (decode at batch 4: 3.48 vs 2.74 ms), the
 134M model's 768-wide ones (>= 2.4 MB) faster, so only weights of at least ``K_MAJOR_MIN_BYTES`` convert.
 ``k_major_linear_weights`` converts a params pytree once, at load. Float32 products with a K-major weight go
 to the C++ kernels (``jaxinfer.cpu.ffi.product``) where they are faster than XLA's dot: decode-sized ones
@@ -79,8 +79,8 @@ def k_major_linear_weights(params: dict, min_bytes: int | None = None) -> dict:
     """``params`` with every dense layer linear weight (``LINEAR_WEIGHT_NAMES``) and an untied LM head of at
     least ``min_bytes`` as ``KMajorWeight`` (quantized weights, already ``[out, in]``, smaller ones and
     everything else unchanged); ``min_bytes`` defaults to 0 when the C++ matvec kernel is available (it is
-    faster than XLA on small weights too: the embedded model's decode at batch 1 / 4, 1.56 -> 1.31 / 2.94 ->
-    2.06 ms), else to ``K_MAJOR_MIN_BYTES``."""
+    faster than XLA on small weights too: the embedded model's decode at batch 1 / 4 takes 1.31 / 2.06 ms with
+    it, 1.56 / 2.94 ms with XLA's dot), else to ``K_MAJOR_MIN_BYTES``."""
     if min_bytes is None:
         min_bytes = 0 if cpu_ffi.available() else K_MAJOR_MIN_BYTES
 

@@ -19,7 +19,7 @@ Which one runs is a static choice (``choose_impl``) from the platform and the st
 explicit here because it decides the bytes a decode step reads:
 
 * CPU: always ``"tiles"``. XLA:CPU expands ``ragged_dot`` into work over every expert for every row (it
-  read all 8 experts at 2 routed tokens and ran slower than a dense loop over them; ../shared/FACTS.md),
+  read all 8 experts at 2 routed tokens and ran slower than a dense loop over them),
   so it would make MoE cost as much as its dense twin. ``bench/moe.py --impl`` measures both.
 * GPU: ``"tiles"`` while there are at most as many (token, expert) pairs as experts (decode at small
   batch: a few matrix-vector products that read only the routed experts), ``"ragged_dot"`` above that

@@ -3,7 +3,7 @@ paged attention of short query runs.
 
 XLA:CPU has no integer or mixed-precision matrix-vector product (an 8-bit weight is widened to float32 in
 memory first, which costs more than reading the float32 weight) and its float32 one trails the memory
-bandwidth on decode shapes (``jaxinfer.cpu.quantized_matmul``, ../shared/FACTS.md). ``matvec.cc`` streams each weight
+bandwidth on decode shapes (``jaxinfer.cpu.quantized_matmul``). ``matvec.cc`` streams each weight
 once in its stored width (decode: up to ``MATVEC_MAX_ROWS`` activation rows); ``gemm.cc`` widens a weight to
 float32 once, panel by panel, and computes register tiles of outer products (8-bit weights from
 ``GEMM_MIN_ROWS`` rows: prefill and large batches); on CPUs with AMX tiles (Intel Sapphire Rapids and later)
