@@ -192,6 +192,10 @@ def _yes(b) -> str:
     return "yes" if b is True else "no" if b is False else str(b)
 
 
+def _on(b) -> str:
+    return "on" if b is True else "off" if b is False else str(b)
+
+
 def format_text(report: dict) -> str:
     """The report for people: one block per section."""
     v, p, a = report["versions"], report["platform"], report["attention_backend"]
@@ -219,8 +223,7 @@ def format_text(report: dict) -> str:
 
     lines += _lines("Caches", c, [
         ("root", lambda s: s["root"] + ("" if s["root_exists"] else " (absent)")),
-        ("compilation cache", lambda s: ("on, " if s["compilation_cache_enabled"] is True else "off, ")
-         + where(s["executables"])),
+        ("compilation cache", lambda s: f"{_on(s['compilation_cache_enabled'])}, {where(s['executables'])}"),
         ("built kernels", lambda s: where(s["cpu_kernels"]))])
     lines.append("Environment (JAXINFER_*)")
     if "error" in e:

@@ -346,3 +346,31 @@ def test_ragged_attention_bad_inputs_are_value_errors():
         call(q.astype(jnp.bfloat16), k, k, t, cu, kv)
     with pytest.raises(ValueError, match="sliding_window"):
         call(q, k, k, t, cu, kv, sliding_window=0)
+
+
+# ------------------------------------------------------------------ built / loaded outside traces only
+def test_traced_code_never_builds_the_kernels(monkeypatch):
+    """Inside a trace only ``loaded()`` is asked: kernels not loaded there mean XLA's formulation (products,
+    attention), an explicit kernel call is a RuntimeError naming ``load()``, and nothing is built; an eager call
+    loads them (outside any trace)."""
+    builds = []
+    monkeypatch.setattr(build, "loaded", lambda: False)
+    monkeypatch.setattr(build, "available", lambda: builds.append("available") or False)
+    monkeypatch.setattr(build, "unavailable_reason", lambda: builds.append("reason") or "not built")
+    w = KMajorWeight(jnp.ones((64, 32), jnp.float32))
+    x = jnp.ones((1, 32), jnp.float32)
+    assert "jaxinfer_" not in _targets(linear, x, w) and builds == []
+    q, k, tables, cu, kv = (jnp.ones((4, 2, 8), jnp.float32), jnp.ones((4, 4, 1, 8), jnp.float32),
+                            jnp.ones((1, 2), jnp.int32), jnp.asarray([0, 4], jnp.int32), jnp.asarray([4], jnp.int32))
+    attn = functools.partial(xla_ragged_paged_attention, sm_scale=1.0)
+    assert "jaxinfer_" not in _targets(attn, q, k, k, tables, cu, kv) and builds == []
+    with pytest.raises(RuntimeError, match=r"never built inside a jit trace: call jaxinfer.cpu.ffi.load\(\)"):
+        _targets(cpu_ffi.matvec, x, w.t)
+    assert builds == []
+    np.testing.assert_allclose(linear(x, w), np.full((1, 64), 32.0))  # eager: tries to load them, then XLA
+    assert builds == ["available"]
+
+
+def test_load_and_loaded():
+    assert cpu_ffi.load() and cpu_ffi.loaded() and build.library_path().is_file()
+    assert cpu_ffi.compiler() is not None
