@@ -30,6 +30,7 @@ import numpy as np
 
 from bench import hardware, report
 from jaxinfer.model.attention import xla_ragged_paged_attention
+from jaxinfer.runner.shape_plan import bucket
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention, ragged_paged_attention_reference
 
 MAX_CHECKED_SEQS = 8  # sequences of a batch compared against the reference
@@ -164,10 +165,6 @@ CASE_SETS = {"gpu": gpu_cases, "gpu-check": gpu_check_cases, "cpu": cpu_cases, "
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _bucket(n: int, minimum: int = 1) -> int:
-    return max(minimum, 1 << max(0, n - 1).bit_length())
-
-
 @dataclasses.dataclass(frozen=True)
 class CaseInputs:
     q: jax.Array  # [T, Hq, D], T = bucket(num_tokens, 8); rows past num_tokens are padding
@@ -183,9 +180,9 @@ def build_inputs(case: KernelCase, dtype, num_sets: int, seed: int = 0) -> CaseI
     """Random q and K/V on shuffled pages; ``num_sets`` disjoint page sets; spare pages are NaN."""
     rng = np.random.default_rng(seed)
     bs, h = case.block_size, case.heads
-    num_seqs, num_tokens = _bucket(case.batch), _bucket(case.num_tokens, 8)
+    num_seqs, num_tokens = bucket(case.batch), bucket(case.num_tokens, 8)
     pages = [-(-kv // bs) for kv in case.kv_lens]
-    max_pages = _bucket(max(pages))
+    max_pages = bucket(max(pages))
     num_blocks = 1 + num_sets * sum(pages) + POISON_BLOCKS  # block 0 is the engine's null block
     order = rng.permutation(np.arange(1, num_blocks)).tolist()
     tables = []
@@ -364,8 +361,8 @@ def time_per_call(fn_over_sets, inputs: CaseInputs, warmup: int, repeats: int) -
 def xla_temp_bytes(case: KernelCase) -> int:
     """Rough peak of the XLA path: each sequence's gathered K and V in the cache dtype and in float32."""
     h = case.heads
-    ctx = _bucket(max(-(-kv // case.block_size) for kv in case.kv_lens)) * case.block_size
-    return 2 * _bucket(case.batch) * ctx * h.num_kv_heads * h.head_dim * (2 + 4 + 4)
+    ctx = bucket(max(-(-kv // case.block_size) for kv in case.kv_lens)) * case.block_size
+    return 2 * bucket(case.batch) * ctx * h.num_kv_heads * h.head_dim * (2 + 4 + 4)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ class LLMEngine:
             static_batch_timeout_s=config.static_batch_timeout_s,
         ), self.block_manager)
         spec = SpeculativeConfig.from_dict(config.speculative_config) if config.speculative_config else None
-        self.query_width = 1 + spec.num_speculative_tokens if spec is not None else None
+        self.verify_width = 1 + spec.num_speculative_tokens if spec is not None else None
         # EOS and stop ids are banned until min_tokens: a fixed-width matrix (one compiled shape)
         self.banned_width = max(16, -(-(len(self.eos_token_ids) + 8) // 8) * 8)
         self._limits = request_io.RequestLimits(cfg.vocab_size, self.max_model_len, self.eos_token_ids,
@@ -133,7 +133,7 @@ class LLMEngine:
 
     def _plan(self, verify_logits: str) -> ShapePlan:
         c = self.config
-        return ShapePlan(c.max_num_seqs, c.max_num_batched_tokens, self.query_width, verify_logits)
+        return ShapePlan(c.max_num_seqs, c.max_num_batched_tokens, self.verify_width, verify_logits)
 
     def warm_up_plan(self) -> list:
         """(executables, keys) of every runner: what warm-up compiles."""

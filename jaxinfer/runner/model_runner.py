@@ -195,7 +195,7 @@ class ModelRunner:
         self._replicated = sharding_plan.replicated if sharding_plan is not None else None
         self.step_fn = make_step_fn(cfg, self.attention_backend, self.interpret, sharding_plan)
         self._builders = {"step": self._step_entry, "tokens": self._tokens_entry, "multistep": self._multistep_entry}
-        if num_scheduler_steps > 1 and (sharding_plan is not None or plan.query_width is not None):
+        if num_scheduler_steps > 1 and (sharding_plan is not None or plan.verify_width is not None):
             raise ValueError("multi-step decoding runs on one device without speculation")
         self.num_scheduler_steps = num_scheduler_steps
         self.multistep_fn = make_multistep_fn(self.step_fn, choose_tokens, self.block_size)
@@ -241,7 +241,7 @@ class ModelRunner:
 
         # a large step costs far more than the first execution's extra (10-100 ms on XLA:CPU): not worth running
         worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
-        return Entry(self.step_fn, args, {"query_width": shape.query_width or None}, self._description,
+        return Entry(self.step_fn, args, {"query_width": shape.query_width}, self._description,
                      run_once if worth_running else None)
 
     def sampling_arrays(self, num_rows: int, variant: SamplerVariant) -> sampler_lib.SamplingMetadata:
@@ -265,7 +265,7 @@ class ModelRunner:
         args = (logits, self.sampling_arrays(rows, variant), jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep),
                 draft_q)
         statics = {"greedy": variant.greedy, "num_logprobs": variant.num_logprobs, "penalties": variant.penalties,
-                   "speculative": self.plan.query_width is not None}
+                   "speculative": self.plan.verify_width is not None}
 
         def run_once(compiled):  # sampling rows, then (under speculation) a row verifying a draft
             inputs = zeros_like_abstract(args)

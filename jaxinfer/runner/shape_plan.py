@@ -39,16 +39,24 @@ MIN_TOKEN_BUCKET = 16
 SMALL_TOKEN_BUCKETS_END = 256  # powers of two up to here, then steps of 1.5x / 1.33x
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+@dataclasses.dataclass(frozen=True)
 class StepShape:
     num_tokens: int  # T: flat query tokens
     num_seqs: int  # S: sequence slots
     num_logits: int  # R: logits rows
-    query_width: int  # W: at most W tokens per sequence (1 decode, 1 + k verify); 0 = mixed (any)
+    # W: at most W tokens per sequence (1 decode, 1 + k verify); None = mixed (any). The step function and the
+    # attention take the same value (``query_width``), so "mixed" has one spelling everywhere.
+    query_width: int | None
 
     @property
     def kind(self) -> str:
-        return {0: "mixed", 1: "decode"}.get(self.query_width, "verify")
+        return {None: "mixed", 1: "decode"}.get(self.query_width, "verify")
+
+    def _key(self) -> tuple[int, int, int, int]:
+        return (self.num_tokens, self.num_seqs, self.num_logits, self.query_width or 0)
+
+    def __lt__(self, other: "StepShape") -> bool:
+        return self._key() < other._key()
 
     def __str__(self) -> str:
         return f"{self.kind}(T={self.num_tokens}, S={self.num_seqs}, R={self.num_logits})"
@@ -108,14 +116,14 @@ def _first_at_least(buckets: Iterable[int], n: int) -> int:
 class ShapePlan:
     """The step shapes of one runner (the target model's, or a draft model's) and the rows its sampler sees.
 
-    ``query_width``: 1 + k under speculation (None without). ``verify_logits``: "all" (the target scores
+    ``verify_width``: 1 + k under speculation (None without): the query width of verification steps. ``verify_logits``: "all" (the target scores
     every position of a verification run) or "last" (a draft model's first round samples one token per
     sequence). ``max_num_batched_tokens`` bounds the tokens of one step.
     """
 
     max_num_seqs: int
     max_num_batched_tokens: int
-    query_width: int | None = None
+    verify_width: int | None = None
     verify_logits: str = "all"
 
     def __post_init__(self):
@@ -138,10 +146,10 @@ class ShapePlan:
 
     def _mixed(self, tokens: int) -> StepShape:
         seqs = min(tokens, self.seq_buckets[-1])
-        return StepShape(tokens, seqs, seqs, 0)
+        return StepShape(tokens, seqs, seqs, None)
 
     def _verify(self, seqs: int) -> StepShape:
-        w = self.query_width
+        w = self.verify_width
         return StepShape(seqs * w, seqs, seqs * w if self.verify_logits == "all" else seqs, w)
 
     @property
@@ -152,7 +160,7 @@ class ShapePlan:
     def step_shapes(self) -> list[StepShape]:
         """Every step shape this runner may run."""
         shapes = [StepShape(s, s, s, 1) for s in self.decode_buckets]
-        if self.query_width is not None:
+        if self.verify_width is not None:
             shapes += [self._verify(s) for s in self.seq_buckets]
         shapes += [self._mixed(t) for t in self.mixed_token_buckets]
         return sorted(set(shapes))
@@ -161,7 +169,7 @@ class ShapePlan:
         """The planned shape of a step whose sequences compute ``run_lengths`` tokens each and that needs
         ``num_logits`` logits rows. Raises ValueError if the step exceeds the configuration."""
         n, total, longest = len(run_lengths), sum(run_lengths), max(run_lengths)
-        verify = self.query_width is not None and 1 < longest <= self.query_width
+        verify = self.verify_width is not None and 1 < longest <= self.verify_width
         if n > self.max_num_seqs or (longest > 1 and not verify and total > self.max_num_batched_tokens):
             raise ValueError(f"a step of {n} sequences and {total} tokens exceeds the plan "
                              f"(max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens})")

@@ -241,11 +241,11 @@ def test_gpu_cases_lower_for_cuda(case_set):
     for case in cases:
         h, bs = case.heads, case.block_size
         pages = [-(-kv // bs) for kv in case.kv_lens]
-        num_seqs, num_blocks = kernels._bucket(case.batch), 1 + sum(pages) + kernels.POISON_BLOCKS
+        num_seqs, num_blocks = kernels.bucket(case.batch), 1 + sum(pages) + kernels.POISON_BLOCKS
         cache = jax.ShapeDtypeStruct((num_blocks, bs, h.num_kv_heads, h.head_dim), jnp.bfloat16)
-        args = (jax.ShapeDtypeStruct((kernels._bucket(case.num_tokens, 8), h.num_q_heads, h.head_dim),
+        args = (jax.ShapeDtypeStruct((kernels.bucket(case.num_tokens, 8), h.num_q_heads, h.head_dim),
                                      jnp.bfloat16), cache, cache,
-                jax.ShapeDtypeStruct((num_seqs, kernels._bucket(max(pages))), jnp.int32),
+                jax.ShapeDtypeStruct((num_seqs, kernels.bucket(max(pages))), jnp.int32),
                 jax.ShapeDtypeStruct((num_seqs + 1,), jnp.int32), jax.ShapeDtypeStruct((num_seqs,), jnp.int32))
         fn = lambda q, k, v, t, cu, kv: ragged_paged_attention(
             q, k, v, t, cu, kv, sm_scale=h.head_dim**-0.5, sliding_window=case.sliding_window,

@@ -102,7 +102,7 @@ def test_eager_plan_compiles_the_multistep_executables_at_start():
 
 
 def test_next_decode_batch_is_the_packed_next_step():
-    bs, shape, max_blocks = 4, StepShape(8, 8, 8, 0), 5
+    bs, shape, max_blocks = 4, StepShape(8, 8, 8, None), 5
     items = [WorkItem([3, 7, 9], 7, [11], 1), WorkItem([2], 0, [5], 1), WorkItem([4, 6], 3, [8], 1)]
     batch, _ = pack(items, bs, shape, max_blocks)
     chosen = np.asarray([21, 22, 23, 0, 0, 0, 0, 0], np.int32)

@@ -26,21 +26,21 @@ def test_default_plan_is_small():
     assert len(shapes) == 15  # decode 1, 2, 4, 8 + 11 mixed (decodes of 16+ sequences run in mixed shapes)
     assert {s.kind for s in shapes} == {"decode", "mixed"}
     assert plan.logits_rows() == [1, 2, 4, 8, 16, 32, 64]
-    spec = ShapePlan(64, 2048, query_width=5).step_shapes()
+    spec = ShapePlan(64, 2048, verify_width=5).step_shapes()
     assert len(spec) == 22 and sum(s.kind == "verify" for s in spec) == 7
     # a decode of every sequence fits even when the token budget is smaller than max_num_seqs
     small_budget = ShapePlan(max_num_seqs=64, max_num_batched_tokens=24)
-    assert small_budget.shape_for([1] * 64, 64) == StepShape(64, 64, 64, 0)
+    assert small_budget.shape_for([1] * 64, 64) == StepShape(64, 64, 64, None)
 
 
 def test_decode_verify_and_mixed_steps():
-    plan = ShapePlan(max_num_seqs=64, max_num_batched_tokens=2048, query_width=5)
+    plan = ShapePlan(max_num_seqs=64, max_num_batched_tokens=2048, verify_width=5)
     assert plan.shape_for([1] * 3, 3) == StepShape(4, 4, 4, 1)
-    assert plan.shape_for([1] * 20, 20) == StepShape(32, 32, 32, 0)  # a large decode: a mixed shape
+    assert plan.shape_for([1] * 20, 20) == StepShape(32, 32, 32, None)  # a large decode: a mixed shape
     assert plan.shape_for([5, 1, 3], 9) == StepShape(20, 4, 20, 5)  # verification, whatever the drafts
-    assert plan.shape_for([300, 1, 1], 3) == StepShape(384, 64, 64, 0)
-    assert plan.shape_for([6, 1], 2) == StepShape(16, 16, 16, 0)
-    draft = ShapePlan(64, 2048, query_width=5, verify_logits="last")
+    assert plan.shape_for([300, 1, 1], 3) == StepShape(384, 64, 64, None)
+    assert plan.shape_for([6, 1], 2) == StepShape(16, 16, 16, None)
+    draft = ShapePlan(64, 2048, verify_width=5, verify_logits="last")
     assert draft.shape_for([5, 2], 2) == StepShape(10, 2, 2, 5)
 
 
@@ -84,7 +84,7 @@ def test_every_step_within_the_configuration_has_a_planned_shape(max_num_seqs, b
 
 def test_pack_lays_items_out_with_full_width_tables():
     items = [WorkItem([3, 4], 20, [7, 8, 9], 1), WorkItem([5], 2, [6], 1), WorkItem([9, 10, 11], 30, [1, 2], 0)]
-    shape = StepShape(16, 16, 16, 0)
+    shape = StepShape(16, 16, 16, None)
     batch, starts = pack(items, 16, shape, max_blocks=8)
     assert batch.block_tables.shape == (16, 8)
     assert list(batch.cu_q_lens[:5]) == [0, 3, 4, 6, 6]
@@ -97,7 +97,7 @@ def test_pack_lays_items_out_with_full_width_tables():
 
 def test_verification_rows_point_at_each_sequences_trailing_tokens():
     items = [WorkItem([1, 2, 3, 4], 40, [7] * (1 + d), 1 + d) for d in (4, 0, 2)]
-    plan = ShapePlan(8, 64, query_width=5)
+    plan = ShapePlan(8, 64, verify_width=5)
     shape = plan.shape_for([len(w.tokens) for w in items], sum(w.num_logits for w in items))
     batch, starts = pack(items, 16, shape, max_blocks=8)
     cu = batch.cu_q_lens

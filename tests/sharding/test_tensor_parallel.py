@@ -99,7 +99,7 @@ def _worker(spec_path: str, out_dir: str) -> None:
             else:
                 items = [WorkItem(b, len(t) - 1, [t[-1]], 1) for b, t in zip(BLOCKS, tokens)]
             if step == 0:  # the prefill returns every position's logits: more rows than the engine's plan has
-                shape = StepShape(num_tokens=128, num_seqs=4, num_logits=128, query_width=0)
+                shape = StepShape(num_tokens=128, num_seqs=4, num_logits=128, query_width=None)
             else:
                 shape = ShapePlan(max_num_seqs=4, max_num_batched_tokens=128).shape_for(
                     [len(i.tokens) for i in items], sum(i.num_logits for i in items))
