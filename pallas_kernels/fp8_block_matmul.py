@@ -30,7 +30,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas_kernels import quant_common as qc
+from pallas_kernels import fp8_format as fp8
+from pallas_kernels import gpu_target
+from pallas_kernels import matmul_tiling as tiling
 
 DEFAULT_BLOCK_SHAPE = (128, 128)
 
@@ -40,7 +42,7 @@ class _KernelConfig:
     m: int
     n: int
     k: int
-    tiles: qc.GemmTiles
+    tiles: tiling.GemmTiles
     weight_block_n: int  # BN: rows of w_q per weight-scale block
 
 
@@ -55,15 +57,15 @@ def _fp8_block_matmul_kernel(x_ref, w_ref, x_scale_ref, w_scale_ref, out_ref, *,
     row0 = pl.program_id(0) * t.block_m
     col0 = pl.program_id(1) * t.block_n
     weight_block_row = col0 // cfg.weight_block_n  # block_n divides BN: one scale row per program
-    lo, hi = qc.split_k_range(pl.program_id(2), qc.cdiv(cfg.k, t.block_k), t.split_k)
+    lo, hi = tiling.split_k_range(pl.program_id(2), tiling.cdiv(cfg.k, t.block_k), t.split_k)
     rows_in_bounds = None
     if cfg.m % t.block_m:
         rows_in_bounds = row0 + jnp.arange(t.block_m, dtype=jnp.int32) < cfg.m
 
     def k_step(group, acc):
         k0 = group * t.block_k
-        x = qc.load_tile(x_ref, row0, t.block_m, k0, t.block_k, other=0.0)  # [bm, BK] e4m3
-        w = qc.load_tile(w_ref, col0, t.block_n, k0, t.block_k, other=0.0)  # [bn, BK] e4m3
+        x = tiling.load_tile(x_ref, row0, t.block_m, k0, t.block_k, other=0.0)  # [bm, BK] e4m3
+        w = tiling.load_tile(w_ref, col0, t.block_n, k0, t.block_k, other=0.0)  # [bn, BK] e4m3
         x_scale = plt.load(x_scale_ref.at[pl.ds(row0, t.block_m), group], mask=rows_in_bounds,
                            other=None if rows_in_bounds is None else 0.0)  # [bm]
         w_scale = w_scale_ref[weight_block_row, group]  # scalar
@@ -72,7 +74,7 @@ def _fp8_block_matmul_kernel(x_ref, w_ref, x_scale_ref, w_scale_ref, out_ref, *,
         return acc + partial * (x_scale * w_scale)[:, None]
 
     acc = jax.lax.fori_loop(lo, hi, k_step, jnp.zeros((t.block_m, t.block_n), jnp.float32))
-    qc.store_tile(out_ref, row0, col0, acc, leading=(pl.program_id(2),) if t.split_k > 1 else ())
+    tiling.store_tile(out_ref, row0, col0, acc, leading=(pl.program_id(2),) if t.split_k > 1 else ())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -82,7 +84,7 @@ def _fp8_block_matmul_kernel(x_ref, w_ref, x_scale_ref, w_scale_ref, out_ref, *,
 
 def _fp8_block_matmul_call(xq, w_q, x_scale, w_scale, *, cfg: _KernelConfig, out_dtype,
                            interpret: bool):
-    return qc.tiled_matmul_call(functools.partial(_fp8_block_matmul_kernel, cfg=cfg), (xq, w_q, x_scale, w_scale), m=cfg.m, n=cfg.n, tiles=cfg.tiles,
+    return tiling.tiled_matmul_call(functools.partial(_fp8_block_matmul_kernel, cfg=cfg), (xq, w_q, x_scale, w_scale), m=cfg.m, n=cfg.n, tiles=cfg.tiles,
                                 out_dtype=out_dtype, interpret=interpret, name="fp8_block_matmul")
 
 
@@ -92,12 +94,12 @@ def _fp8_block_matmul_call(xq, w_q, x_scale, w_scale, *, cfg: _KernelConfig, out
 
 
 def _validate(x, w_q, w_scale, block_shape):
-    qc.check_matmul_operands(x, w_q, weight_dtypes=(qc.E4M3,), name="fp8_block_matmul")
-    if (len(block_shape) != 2 or not all(qc.is_power_of_2(b) and b >= 32 for b in block_shape)):
+    tiling.check_matmul_operands(x, w_q, weight_dtypes=(fp8.E4M3,), name="fp8_block_matmul")
+    if (len(block_shape) != 2 or not all(tiling.is_power_of_2(b) and b >= 32 for b in block_shape)):
         raise ValueError(f"fp8_block_matmul: block_shape must be two powers of two >= 32, got "
                          f"{block_shape!r}")
     n, k = w_q.shape
-    want = (qc.cdiv(n, block_shape[0]), qc.cdiv(k, block_shape[1]))
+    want = (tiling.cdiv(n, block_shape[0]), tiling.cdiv(k, block_shape[1]))
     if w_scale.shape != want:
         raise ValueError(f"fp8_block_matmul: w_scale must be [ceil(N/{block_shape[0]}), "
                          f"ceil(K/{block_shape[1]})] = {list(want)} for w_q {list(w_q.shape)}, got "
@@ -119,17 +121,17 @@ def fp8_block_matmul(x, w_q, w_scale, *, block_shape: tuple[int, int] = DEFAULT_
     """
     block_shape = tuple(block_shape)
     _validate(x, w_q, w_scale, block_shape)
-    interpret = qc.resolve_interpret(interpret)
-    qc.require_fp8_tensor_cores(interpret, "block-wise fp8", "Load the checkpoint dequantized "
+    interpret = gpu_target.resolve_interpret(interpret)
+    gpu_target.require_fp8_tensor_cores(interpret, "block-wise fp8", "Load the checkpoint dequantized "
                                 "(jaxinfer.quantization.quantized_weight.dequantize) instead.")
     m, k = x.shape
     n = w_q.shape[0]
     weight_block_n, group = block_shape
-    tiles = qc.resolve_tiles(m, n, k, operand_bytes=1, block_m=block_m, block_n=block_n,
+    tiles = tiling.resolve_tiles(m, n, k, operand_bytes=1, block_m=block_m, block_n=block_n,
                              block_k=group, split_k=split_k, num_warps=num_warps,
                              num_stages=num_stages, max_block_n=weight_block_n,
                              fixed_block_k=group)
-    xq, x_scale = qc.quantize_groups_fp8(x, group)
+    xq, x_scale = fp8.quantize_groups_fp8(x, group)
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
     cfg = _KernelConfig(m, n, k, tiles, weight_block_n)
     return _fp8_block_matmul_call(xq, w_q, x_scale, w_scale.astype(jnp.float32), cfg=cfg,
@@ -156,7 +158,7 @@ def fp8_block_matmul_reference(x, w_q, w_scale, *, block_shape=DEFAULT_BLOCK_SHA
     float32 dot."""
     block_shape = tuple(block_shape)
     group = block_shape[1]
-    xq, x_scale = qc.quantize_groups_fp8(x, group)
+    xq, x_scale = fp8.quantize_groups_fp8(x, group)
     x_deq = xq.astype(jnp.float32) * jnp.repeat(x_scale, group, axis=1)[:, :x.shape[1]]
     out = jnp.dot(x_deq, dequantize_blocks(w_q, w_scale, block_shape).T,
                   precision=jax.lax.Precision.HIGHEST)

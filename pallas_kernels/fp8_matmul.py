@@ -35,7 +35,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels import quant_common as qc
+from pallas_kernels import fp8_format as fp8
+from pallas_kernels import gpu_target
+from pallas_kernels import matmul_tiling as tiling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +45,7 @@ class _KernelConfig:
     m: int
     n: int
     k: int
-    tiles: qc.GemmTiles
+    tiles: tiling.GemmTiles
 
 
 # ----------------------------------------------------------------------------------------------
@@ -55,20 +57,20 @@ def _fp8_matmul_kernel(x_ref, w_ref, x_scale_ref, w_scale_ref, out_ref, *, cfg: 
     t = cfg.tiles
     row0 = pl.program_id(0) * t.block_m
     col0 = pl.program_id(1) * t.block_n
-    lo, hi = qc.split_k_range(pl.program_id(2), qc.cdiv(cfg.k, t.block_k), t.split_k)
+    lo, hi = tiling.split_k_range(pl.program_id(2), tiling.cdiv(cfg.k, t.block_k), t.split_k)
 
     def k_step(step, acc):
         k0 = step * t.block_k
-        x = qc.load_tile(x_ref, row0, t.block_m, k0, t.block_k, other=0.0)  # [bm, bk] e4m3
-        w = qc.load_tile(w_ref, col0, t.block_n, k0, t.block_k, other=0.0)  # [bn, bk] e4m3
+        x = tiling.load_tile(x_ref, row0, t.block_m, k0, t.block_k, other=0.0)  # [bm, bk] e4m3
+        w = tiling.load_tile(w_ref, col0, t.block_n, k0, t.block_k, other=0.0)  # [bn, bk] e4m3
         return acc + jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())),
                                          preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(lo, hi, k_step, jnp.zeros((t.block_m, t.block_n), jnp.float32))
-    x_scale = qc.load_vector(x_scale_ref, row0, t.block_m, other=0.0)
-    w_scale = qc.load_vector(w_scale_ref, col0, t.block_n, other=0.0)
+    x_scale = tiling.load_vector(x_scale_ref, row0, t.block_m, other=0.0)
+    w_scale = tiling.load_vector(w_scale_ref, col0, t.block_n, other=0.0)
     out = acc * x_scale[:, None] * w_scale[None, :]
-    qc.store_tile(out_ref, row0, col0, out, leading=(pl.program_id(2),) if t.split_k > 1 else ())
+    tiling.store_tile(out_ref, row0, col0, out, leading=(pl.program_id(2),) if t.split_k > 1 else ())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def _fp8_matmul_kernel(x_ref, w_ref, x_scale_ref, w_scale_ref, out_ref, *, cfg: 
 
 
 def _fp8_matmul_call(xq, w_q, x_scale, w_scale, *, cfg: _KernelConfig, out_dtype, interpret: bool):
-    return qc.tiled_matmul_call(functools.partial(_fp8_matmul_kernel, cfg=cfg), (xq, w_q, x_scale, w_scale), m=cfg.m, n=cfg.n, tiles=cfg.tiles,
+    return tiling.tiled_matmul_call(functools.partial(_fp8_matmul_kernel, cfg=cfg), (xq, w_q, x_scale, w_scale), m=cfg.m, n=cfg.n, tiles=cfg.tiles,
                                 out_dtype=out_dtype, interpret=interpret, name="fp8_matmul")
 
 
@@ -87,7 +89,7 @@ def _fp8_matmul_call(xq, w_q, x_scale, w_scale, *, cfg: _KernelConfig, out_dtype
 
 
 def _validate(x, w_q, w_scale, input_scale):
-    qc.check_matmul_operands(x, w_q, weight_dtypes=(qc.E4M3,), name="fp8_matmul")
+    tiling.check_matmul_operands(x, w_q, weight_dtypes=(fp8.E4M3,), name="fp8_matmul")
     if w_scale.shape != (w_q.shape[0],):
         raise ValueError(f"fp8_matmul: w_scale must be [N] = [{w_q.shape[0]}], got {w_scale.shape}")
     if input_scale is not None and input_scale.size != 1:
@@ -111,15 +113,15 @@ def fp8_matmul(x, w_q, w_scale, input_scale=None, *, out_dtype=None,
     default backend is a GPU. Returns ``[M, N]`` in ``out_dtype`` (default: x's dtype).
     """
     _validate(x, w_q, w_scale, input_scale)
-    interpret = qc.resolve_interpret(interpret)
-    qc.require_fp8_tensor_cores(interpret, "fp8 W8A8", "Use the weight-only kernel "
+    interpret = gpu_target.resolve_interpret(interpret)
+    gpu_target.require_fp8_tensor_cores(interpret, "fp8 W8A8", "Use the weight-only kernel "
                                 "pallas_kernels.w8a16_matmul (quantization='fp8_w8a16') instead.")
     m, k = x.shape
     n = w_q.shape[0]
-    tiles = qc.resolve_tiles(m, n, k, operand_bytes=1, block_m=block_m, block_n=block_n,
+    tiles = tiling.resolve_tiles(m, n, k, operand_bytes=1, block_m=block_m, block_n=block_n,
                              block_k=block_k, split_k=split_k, num_warps=num_warps,
                              num_stages=num_stages)
-    xq, x_scale = qc.quantize_rows_fp8(x, input_scale)
+    xq, x_scale = fp8.quantize_rows_fp8(x, input_scale)
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
     return _fp8_matmul_call(xq, w_q, x_scale, w_scale.astype(jnp.float32),
                             cfg=_KernelConfig(m, n, k, tiles), out_dtype=out_dtype,
@@ -134,7 +136,7 @@ def fp8_matmul(x, w_q, w_scale, input_scale=None, *, out_dtype=None,
 @functools.partial(jax.jit, static_argnames=("out_dtype",))
 def fp8_matmul_reference(x, w_q, w_scale, input_scale=None, *, out_dtype=None):
     """Same contract as ``fp8_matmul``: quantize x per token, dequantize both, one float32 dot."""
-    xq, x_scale = qc.quantize_rows_fp8(x, input_scale)
+    xq, x_scale = fp8.quantize_rows_fp8(x, input_scale)
     x_deq = xq.astype(jnp.float32) * x_scale[:, None]
     w_deq = w_q.astype(jnp.float32) * w_scale.astype(jnp.float32)[:, None]
     out = jnp.dot(x_deq, w_deq.T, precision=jax.lax.Precision.HIGHEST)

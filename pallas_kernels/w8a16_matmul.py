@@ -13,7 +13,7 @@ read from memory, which is the point at decode.
 This is the path for GPUs without fp8 tensor cores (A100, sm_80). Triton cannot even convert from
 e4m3 there (Pallas refuses the cast below sm_89), so fp8 weights are decoded from their bits
 (``fp8_decode="bits"``: the wrapper reinterprets them as uint8, a free bitcast, and the kernel
-rebuilds each value with integer operations, see ``quant_common.e4m3_bits_to_float``). On sm_89+
+rebuilds each value with integer operations, see ``matmul_tiling.e4m3_bits_to_float``). On sm_89+
 ``fp8_decode="native"`` converts with the hardware instruction. ``None`` picks per platform.
 
 Grid, masking and split-K are as in ``fp8_matmul``: ``(cdiv(M, block_m), cdiv(N, block_n),
@@ -29,9 +29,11 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels import quant_common as qc
+from pallas_kernels import fp8_format as fp8
+from pallas_kernels import gpu_target
+from pallas_kernels import matmul_tiling as tiling
 
-WEIGHT_DTYPES = (jnp.dtype(jnp.int8), qc.E4M3)
+WEIGHT_DTYPES = (jnp.dtype(jnp.int8), fp8.E4M3)
 FP8_DECODES = ("native", "bits")
 
 
@@ -40,7 +42,7 @@ class _KernelConfig:
     m: int
     n: int
     k: int
-    tiles: qc.GemmTiles
+    tiles: tiling.GemmTiles
     weight_kind: str  # "int8" | "e4m3" (native convert) | "e4m3_bits" (uint8 bit patterns)
     precise_dots: bool  # float32 activations: IEEE dots, not TF32
 
@@ -48,7 +50,7 @@ class _KernelConfig:
 def _dequantize_tile(w, weight_kind: str, dtype):
     """8-bit weight tile -> x's dtype, without its scale (applied in the epilogue)."""
     if weight_kind == "e4m3_bits":
-        return qc.e4m3_bits_to_float(w).astype(dtype)
+        return fp8.e4m3_bits_to_float(w).astype(dtype)
     return w.astype(dtype)
 
 
@@ -61,22 +63,22 @@ def _w8a16_matmul_kernel(x_ref, w_ref, w_scale_ref, out_ref, *, cfg: _KernelConf
     t = cfg.tiles
     row0 = pl.program_id(0) * t.block_m
     col0 = pl.program_id(1) * t.block_n
-    lo, hi = qc.split_k_range(pl.program_id(2), qc.cdiv(cfg.k, t.block_k), t.split_k)
+    lo, hi = tiling.split_k_range(pl.program_id(2), tiling.cdiv(cfg.k, t.block_k), t.split_k)
     precision = jax.lax.Precision.HIGHEST if cfg.precise_dots else None
     w_zero = 0.0 if cfg.weight_kind == "e4m3" else 0  # a float literal for an fp8 ref
 
     def k_step(step, acc):
         k0 = step * t.block_k
-        x = qc.load_tile(x_ref, row0, t.block_m, k0, t.block_k, other=0.0)  # [bm, bk]
-        w = qc.load_tile(w_ref, col0, t.block_n, k0, t.block_k, other=w_zero)  # [bn, bk] 8-bit
+        x = tiling.load_tile(x_ref, row0, t.block_m, k0, t.block_k, other=0.0)  # [bm, bk]
+        w = tiling.load_tile(w_ref, col0, t.block_n, k0, t.block_k, other=w_zero)  # [bn, bk] 8-bit
         w = _dequantize_tile(w, cfg.weight_kind, x.dtype)
         return acc + jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), precision=precision,
                                          preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(lo, hi, k_step, jnp.zeros((t.block_m, t.block_n), jnp.float32))
-    w_scale = qc.load_vector(w_scale_ref, col0, t.block_n, other=0.0)
+    w_scale = tiling.load_vector(w_scale_ref, col0, t.block_n, other=0.0)
     out = acc * w_scale[None, :]
-    qc.store_tile(out_ref, row0, col0, out, leading=(pl.program_id(2),) if t.split_k > 1 else ())
+    tiling.store_tile(out_ref, row0, col0, out, leading=(pl.program_id(2),) if t.split_k > 1 else ())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,7 +89,7 @@ def _w8a16_matmul_kernel(x_ref, w_ref, w_scale_ref, out_ref, *, cfg: _KernelConf
 def _w8a16_matmul_call(x, w_q, w_scale, *, cfg: _KernelConfig, interpret: bool):
     if cfg.weight_kind == "e4m3_bits":
         w_q = jax.lax.bitcast_convert_type(w_q, jnp.uint8)  # same bytes; no fp8 type in the kernel
-    return qc.tiled_matmul_call(functools.partial(_w8a16_matmul_kernel, cfg=cfg), (x, w_q, w_scale), m=cfg.m, n=cfg.n, tiles=cfg.tiles,
+    return tiling.tiled_matmul_call(functools.partial(_w8a16_matmul_kernel, cfg=cfg), (x, w_q, w_scale), m=cfg.m, n=cfg.n, tiles=cfg.tiles,
                                 out_dtype=x.dtype, interpret=interpret, name="w8a16_matmul")
 
 
@@ -99,12 +101,12 @@ def _w8a16_matmul_call(x, w_q, w_scale, *, cfg: _KernelConfig, interpret: bool):
 def default_fp8_decode(interpret: bool) -> str:
     """"bits" on a GPU older than sm_89 (no e4m3 conversion there), else "native" (also in
     interpret mode and when cross-lowering without a GPU: pass "bits" to target an A100)."""
-    capability = None if interpret else qc.gpu_compute_capability()
-    return "bits" if capability is not None and not qc.has_fp8_tensor_cores(capability) else "native"
+    capability = None if interpret else gpu_target.gpu_compute_capability()
+    return "bits" if capability is not None and not gpu_target.has_fp8_tensor_cores(capability) else "native"
 
 
 def _validate(x, w_q, w_scale, fp8_decode):
-    qc.check_matmul_operands(x, w_q, weight_dtypes=WEIGHT_DTYPES, name="w8a16_matmul")
+    tiling.check_matmul_operands(x, w_q, weight_dtypes=WEIGHT_DTYPES, name="w8a16_matmul")
     if w_scale.shape != (w_q.shape[0],):
         raise ValueError(f"w8a16_matmul: w_scale must be [N] = [{w_q.shape[0]}], got {w_scale.shape}")
     if fp8_decode is not None and fp8_decode not in FP8_DECODES:
@@ -127,7 +129,7 @@ def w8a16_matmul(x, w_q, w_scale, *, fp8_decode: str | None = None,
     Returns ``[M, N]`` in x's dtype.
     """
     _validate(x, w_q, w_scale, fp8_decode)
-    interpret = qc.resolve_interpret(interpret)
+    interpret = gpu_target.resolve_interpret(interpret)
     m, k = x.shape
     n = w_q.shape[0]
     if jnp.dtype(w_q.dtype) == jnp.dtype(jnp.int8):
@@ -135,7 +137,7 @@ def w8a16_matmul(x, w_q, w_scale, *, fp8_decode: str | None = None,
     else:
         decode = default_fp8_decode(interpret) if fp8_decode is None else fp8_decode
         weight_kind = "e4m3" if decode == "native" else "e4m3_bits"
-    tiles = qc.resolve_tiles(m, n, k, operand_bytes=x.dtype.itemsize, block_m=block_m,
+    tiles = tiling.resolve_tiles(m, n, k, operand_bytes=x.dtype.itemsize, block_m=block_m,
                              block_n=block_n, block_k=block_k, split_k=split_k,
                              num_warps=num_warps, num_stages=num_stages)
     cfg = _KernelConfig(m, n, k, tiles, weight_kind,

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.quant_common import E4M3, e4m3_bits_to_float
+from pallas_kernels.fp8_format import e4m3_bits_to_float
 
 CHUNK_BYTES = 1 << 21  # float32 bytes of one converted chunk: about one core's L2 (2 MB here)
 _DOT_NT = (((1,), (1,)), ((), ()))  # x [M, K] . w [rows, K] -> [M, rows]

@@ -21,7 +21,7 @@ import numpy as np
 from jaxinfer.config.model import ModelConfig
 from jaxinfer.loading.loader import MARKER_FILE, PARAMS_SUBDIR, CheckpointError, is_orbax_dir, write_checkpoint_files
 from jaxinfer.quantization.quantized_weight import QuantizedWeight, is_quantized, validate
-from pallas_kernels.quant_common import E4M3
+from pallas_kernels.fp8_format import E4M3
 
 
 def _path_name(keys) -> str:

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.cpu import quantized_matmul as quant_cpu
-from pallas_kernels import quant_common as qc
+from pallas_kernels import fp8_format as fp8
 from pallas_kernels.fp8_block_matmul import DEFAULT_BLOCK_SHAPE, dequantize_blocks, fp8_block_matmul
 from pallas_kernels.fp8_matmul import fp8_matmul
 from pallas_kernels.w8a16_matmul import w8a16_matmul
@@ -109,7 +109,7 @@ def validate(qw: QuantizedWeight) -> QuantizedWeight:
         raise ValueError(f"qweight must be [N, K], got shape {qw.qweight.shape}")
     dtype = jnp.dtype(qw.qweight.dtype)
     allowed = ((jnp.dtype(jnp.int8),) if qw.method == "int8"
-               else (qc.E4M3, jnp.dtype(jnp.int8)))  # int8-typed e4m3 bytes: CPU storage
+               else (fp8.E4M3, jnp.dtype(jnp.int8)))  # int8-typed e4m3 bytes: CPU storage
     if dtype not in allowed:
         raise ValueError(f"method {qw.method!r} stores qweight as "
                          f"{' or '.join(map(str, allowed))}, got {dtype}")
@@ -138,15 +138,15 @@ def _quantize(w_in_out, method: str, block_shape):
         n, k = w.shape
         gn, gk = -(-n // bn), -(-k // bk)
         blocks = jnp.pad(w, ((0, gn * bn - n), (0, gk * bk - k))).reshape(gn, bn, gk, bk)
-        scale = qc.absmax_scale(jnp.max(jnp.abs(blocks), axis=(1, 3)), qc.E4M3_MAX)
-        q = qc.saturate_to_e4m3(blocks / scale[:, None, :, None])
+        scale = fp8.absmax_scale(jnp.max(jnp.abs(blocks), axis=(1, 3)), fp8.E4M3_MAX)
+        q = fp8.saturate_to_e4m3(blocks / scale[:, None, :, None])
         return q.reshape(gn * bn, gk * bk)[:n, :k], scale
     if method == "int8":
-        scale = qc.absmax_scale(jnp.max(jnp.abs(w), axis=1), qc.INT8_MAX)
-        q = jnp.clip(jnp.round(w / scale[:, None]), -qc.INT8_MAX, qc.INT8_MAX).astype(jnp.int8)
+        scale = fp8.absmax_scale(jnp.max(jnp.abs(w), axis=1), fp8.INT8_MAX)
+        q = jnp.clip(jnp.round(w / scale[:, None]), -fp8.INT8_MAX, fp8.INT8_MAX).astype(jnp.int8)
         return q, scale
-    scale = qc.absmax_scale(jnp.max(jnp.abs(w), axis=1), qc.E4M3_MAX)
-    return qc.saturate_to_e4m3(w / scale[:, None]), scale
+    scale = fp8.absmax_scale(jnp.max(jnp.abs(w), axis=1), fp8.E4M3_MAX)
+    return fp8.saturate_to_e4m3(w / scale[:, None]), scale
 
 
 def quantize_weight(w_in_out, method: str, *, block_shape: tuple[int, int] | None = None
@@ -167,7 +167,7 @@ def quantize_weight(w_in_out, method: str, *, block_shape: tuple[int, int] | Non
 def _weight_values(qw: QuantizedWeight) -> jax.Array:
     """qweight as float32 numbers (unscaled), whatever its storage dtype."""
     if qw.method != "int8" and jnp.dtype(qw.qweight.dtype) == jnp.dtype(jnp.int8):
-        return qc.e4m3_bits_to_float(qw.qweight)
+        return fp8.e4m3_bits_to_float(qw.qweight)
     return qw.qweight.astype(jnp.float32)
 
 
@@ -194,7 +194,7 @@ def with_method(qw: QuantizedWeight, method: str) -> QuantizedWeight:
 def with_cpu_storage(qw: QuantizedWeight) -> QuantizedWeight:
     """e4m3 weights as their bytes typed int8 (a free view on the host), the fast form for
     XLA:CPU; other weights unchanged. Keep e4m3 for the GPU kernels."""
-    if qw.method == "int8" or jnp.dtype(qw.qweight.dtype) != qc.E4M3:
+    if qw.method == "int8" or jnp.dtype(qw.qweight.dtype) != fp8.E4M3:
         return qw
     if isinstance(qw.qweight, np.ndarray):
         bits = qw.qweight.view(np.int8)
@@ -222,11 +222,11 @@ def _quantize_activations_like_kernels(x, qw: QuantizedWeight):
     """x as the W8A8 kernels see it: quantized to e4m3 and dequantized (float32); unchanged for
     the weight-only methods."""
     if qw.method == "fp8":
-        xq, x_scale = qc.quantize_rows_fp8(x, qw.input_scale)
+        xq, x_scale = fp8.quantize_rows_fp8(x, qw.input_scale)
         return xq.astype(jnp.float32) * x_scale[:, None]
     if qw.method == "fp8_block":
         group = qw.block_shape[1]
-        xq, x_scale = qc.quantize_groups_fp8(x, group)
+        xq, x_scale = fp8.quantize_groups_fp8(x, group)
         return xq.astype(jnp.float32) * jnp.repeat(x_scale, group, axis=1)[:, :x.shape[1]]
     return x.astype(jnp.float32)
 

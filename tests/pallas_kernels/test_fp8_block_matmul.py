@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from pallas_kernels import quant_common as qc
+from pallas_kernels import fp8_format as fp8
+from pallas_kernels import gpu_target
 from pallas_kernels.fp8_block_matmul import fp8_block_matmul, fp8_block_matmul_reference
 from tests.pallas_kernels import quant_cases as cases
 
@@ -100,7 +101,7 @@ def test_rejects_bad_arguments(change, message):
 
 
 def test_refuses_gpus_without_fp8_tensor_cores(monkeypatch):
-    monkeypatch.setattr(qc, "gpu_compute_capability", lambda: 80)
+    monkeypatch.setattr(gpu_target, "gpu_compute_capability", lambda: 80)
     with pytest.raises(NotImplementedError, match="fp8 tensor cores"):
         fp8_block_matmul(np.zeros((3, 200), np.float32), np.zeros((8, 200), cases.E4M3),
                          np.ones((1, 2), np.float32), interpret=False)
@@ -109,7 +110,7 @@ def test_refuses_gpus_without_fp8_tensor_cores(monkeypatch):
 def _shapes(m, k, n, dtype, block_shape):
     s = jax.ShapeDtypeStruct
     grid = (-(-n // block_shape[0]), -(-k // block_shape[1]))
-    return s((m, k), dtype), s((n, k), qc.E4M3), s(grid, jnp.float32)
+    return s((m, k), dtype), s((n, k), fp8.E4M3), s(grid, jnp.float32)
 
 
 @pytest.mark.parametrize("m, k, n, knobs, block_shape", BLOCK_SHAPES, ids=BLOCK_IDS)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from pallas_kernels import quant_common as qc
+from pallas_kernels import fp8_format as fp8
+from pallas_kernels import gpu_target
 from pallas_kernels.fp8_matmul import fp8_matmul, fp8_matmul_reference
 from tests.pallas_kernels import quant_cases as cases
 
@@ -95,7 +96,7 @@ def test_rejects_bad_arguments(change, message):
 
 
 def test_refuses_gpus_without_fp8_tensor_cores(monkeypatch):
-    monkeypatch.setattr(qc, "gpu_compute_capability", lambda: 80)
+    monkeypatch.setattr(gpu_target, "gpu_compute_capability", lambda: 80)
     with pytest.raises(NotImplementedError, match="fp8_w8a16"):
         fp8_matmul(np.zeros((3, 48), np.float32), np.zeros((8, 48), cases.E4M3),
                    np.ones((8,), np.float32), interpret=False)
@@ -103,7 +104,7 @@ def test_refuses_gpus_without_fp8_tensor_cores(monkeypatch):
 
 def _shapes(m, k, n, dtype, static_scale=False):
     s = jax.ShapeDtypeStruct
-    args = [s((m, k), dtype), s((n, k), qc.E4M3), s((n,), jnp.float32)]
+    args = [s((m, k), dtype), s((n, k), fp8.E4M3), s((n,), jnp.float32)]
     if static_scale:
         args.append(s((), jnp.float32))
     return args

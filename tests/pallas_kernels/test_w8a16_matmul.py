@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from pallas_kernels import quant_common as qc
+from pallas_kernels import fp8_format as fp8
+from pallas_kernels import gpu_target
 from pallas_kernels.w8a16_matmul import default_fp8_decode, w8a16_matmul, w8a16_matmul_reference
 from tests.pallas_kernels import quant_cases as cases
 
@@ -76,16 +77,16 @@ def test_e4m3_bit_decode_is_exact_for_every_finite_value():
     finite = (bits & 0x7F) != 0x7F
     expected = bits.view(cases.E4M3).astype(np.float32)
     for typed in (bits, bits.view(np.int8)):  # unsigned bytes (GPU) and int8 storage (CPU)
-        decoded = np.asarray(qc.e4m3_bits_to_float(jnp.asarray(typed)))
+        decoded = np.asarray(fp8.e4m3_bits_to_float(jnp.asarray(typed)))
         np.testing.assert_array_equal(decoded[finite], expected[finite])
-    assert np.signbit(np.asarray(qc.e4m3_bits_to_float(jnp.asarray(np.uint8(0x80)))))  # -0.0
+    assert np.signbit(np.asarray(fp8.e4m3_bits_to_float(jnp.asarray(np.uint8(0x80)))))  # -0.0
 
 
 def test_default_fp8_decode_per_platform(monkeypatch):
     assert default_fp8_decode(interpret=True) == "native"
-    monkeypatch.setattr(qc, "gpu_compute_capability", lambda: 80)
+    monkeypatch.setattr(gpu_target, "gpu_compute_capability", lambda: 80)
     assert default_fp8_decode(interpret=False) == "bits"
-    monkeypatch.setattr(qc, "gpu_compute_capability", lambda: 90)
+    monkeypatch.setattr(gpu_target, "gpu_compute_capability", lambda: 90)
     assert default_fp8_decode(interpret=False) == "native"
 
 
@@ -111,7 +112,7 @@ def _shapes(m, k, n, dtype, weight_dtype):
 
 
 def _weight_dtype(weight):
-    return jnp.int8 if weight == "int8" else qc.E4M3
+    return jnp.int8 if weight == "int8" else fp8.E4M3
 
 
 def _decode(weight):
@@ -137,7 +138,7 @@ def test_model_shapes_cross_lower_for_cuda(m, dtype, weight):
 def test_a100_lowering_needs_the_bit_decode(monkeypatch, m):
     """On sm_80 Pallas refuses to convert from e4m3; the bit decode has no fp8 value in the kernel."""
     cases.pretend_gpu_capability(monkeypatch, "8.0")
-    shapes = _shapes(m, 4096, 11008, jnp.bfloat16, qc.E4M3)
+    shapes = _shapes(m, 4096, 11008, jnp.bfloat16, fp8.E4M3)
     a100 = dict(device_kind="NVIDIA A100-SXM4-80GB", num_cores=108)
     cases.lower_for_cuda(functools.partial(w8a16_matmul, interpret=False, fp8_decode="bits"),
                          *shapes, **a100)

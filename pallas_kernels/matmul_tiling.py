@@ -1,16 +1,10 @@
-"""What the quantized-matmul kernels share: fp8 constants, activation quantization, tile choices.
+"""How the quantized-matmul kernels tile their work: tile and split-K choices, operand checks, the in-kernel
+masked loads and stores, and the one ``pallas_call`` wrapper they share.
 
 The kernels (``fp8_matmul``, ``w8a16_matmul``, ``fp8_block_matmul``) all compute ``x @ w.T`` with
 ``w`` stored ``[N, K]`` (K-major, the layout HF checkpoints use and the one an fp8 tensor-core dot
 wants for its B operand) on Triton, tiled ``block_m x block_n`` with a K loop of ``block_k`` and an
-optional split-K. This module holds the pieces they have in common and nothing engine-specific.
-
-Quantization conventions (the same everywhere in jaxinfer):
-
-* e4m3 is ``float8_e4m3fn``: largest finite value 448, no infinities. Values are always clipped to
-  +-448 before the cast, so nothing saturates to NaN.
-* A scale multiplies to dequantize: ``real = quantized * scale`` (``scale = absmax / 448`` for fp8,
-  ``absmax / 127`` for int8). An all-zero row or block gets scale 1 and quantizes to zeros.
+optional split-K. Their number formats are ``fp8_format``; the GPU they target, ``gpu_target``.
 """
 
 from __future__ import annotations
@@ -22,9 +16,6 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-E4M3 = jnp.dtype(jnp.float8_e4m3fn)
-E4M3_MAX = 448.0
-INT8_MAX = 127.0
 ACTIVATION_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 _MIN_DOT_DIM = 16  # Triton's tensor-core dot wants every matmul dimension >= 16
@@ -43,68 +34,6 @@ def next_power_of_2(n: int) -> int:
 
 def is_power_of_2(n: int) -> bool:
     return isinstance(n, int) and n > 0 and n & (n - 1) == 0
-
-
-# ----------------------------------------------------------------------------------------------
-# Quantization of activations and weights (plain jnp; the kernels' prologues and references)
-# ----------------------------------------------------------------------------------------------
-
-
-def absmax_scale(absmax: jax.Array, qmax: float) -> jax.Array:
-    """``absmax / qmax`` in float32, or 1 where absmax is 0 (so zeros quantize to zeros)."""
-    absmax = absmax.astype(jnp.float32)
-    return jnp.where(absmax > 0.0, absmax / qmax, 1.0)
-
-
-def saturate_to_e4m3(values: jax.Array) -> jax.Array:
-    """Round float32 values to e4m3, clipping to +-448 first (a plain cast would give NaN)."""
-    return jnp.clip(values, -E4M3_MAX, E4M3_MAX).astype(E4M3)
-
-
-def quantize_rows_fp8(x: jax.Array, static_scale: jax.Array | None = None):
-    """Per-token (row) e4m3 quantization of ``x [M, K]``: ``(xq [M, K] e4m3, scale [M] f32)``.
-
-    ``static_scale`` (a scalar, e.g. a checkpoint's ``input_scale``) replaces the dynamic absmax
-    scale; values beyond ``448 * static_scale`` then saturate.
-    """
-    x = x.astype(jnp.float32)
-    if static_scale is None:
-        scale = absmax_scale(jnp.max(jnp.abs(x), axis=1), E4M3_MAX)
-    else:
-        scale = jnp.broadcast_to(jnp.asarray(static_scale, jnp.float32).reshape(()), x.shape[:1])
-    return saturate_to_e4m3(x / scale[:, None]), scale
-
-
-def quantize_groups_fp8(x: jax.Array, group: int):
-    """Per-token, per-``group`` columns e4m3 quantization of ``x [M, K]`` (DeepSeek-V3's 1 x 128).
-
-    Returns ``(xq [M, K] e4m3, scale [M, ceil(K / group)] f32)``; the last group may be partial.
-    """
-    m, k = x.shape
-    num_groups = cdiv(k, group)
-    padded = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, num_groups * group - k)))
-    grouped = padded.reshape(m, num_groups, group)
-    scale = absmax_scale(jnp.max(jnp.abs(grouped), axis=2), E4M3_MAX)
-    xq = saturate_to_e4m3(grouped / scale[:, :, None]).reshape(m, num_groups * group)[:, :k]
-    return xq, scale
-
-
-def e4m3_bits_to_float(bits: jax.Array) -> jax.Array:
-    """Decode e4m3 (``float8_e4m3fn``) bit patterns, given as unsigned or int32 values, to float32.
-
-    Integer and bit operations only, so it also runs where no fp8 conversion exists (Triton on
-    sm80, where Pallas refuses to cast from e4m3). Normal numbers are rebuilt as float32 bits
-    (exponent rebased from bias 7 to 127); subnormals as ``mantissa * 2**-9``, so no float32
-    subnormal (which a GPU may flush) is ever formed. The NaN pattern (0x7f/0xff) decodes to
-    +-480; quantization here never produces it.
-    """
-    b = bits.astype(jnp.int32)
-    sign_bit = jax.lax.shift_left(b & 0x80, 24)
-    normal_bits = jax.lax.shift_left(b & 0x7F, 20) + (120 << 23)
-    normal = jax.lax.bitcast_convert_type(sign_bit | normal_bits, jnp.float32)
-    subnormal = (b & 0x07).astype(jnp.float32) * (2.0**-9)
-    subnormal = jnp.where((b & 0x80) != 0, -subnormal, subnormal)
-    return jnp.where((b & 0x78) == 0, subnormal, normal)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,42 +107,6 @@ def resolve_tiles(m: int, n: int, k: int, *, operand_bytes: int, block_m=None, b
     num_warps = (8 if block_m * block_n >= 128 * 128 else 4) if num_warps is None else num_warps
     num_stages = auto.num_stages if num_stages is None else num_stages
     return GemmTiles(block_m, block_n, block_k, split_k, num_warps, num_stages)
-
-
-# ----------------------------------------------------------------------------------------------
-# Platform
-# ----------------------------------------------------------------------------------------------
-
-
-def resolve_interpret(interpret: bool | None) -> bool:
-    """``None``: interpret (run on the CPU) unless the default backend is a GPU."""
-    return jax.default_backend() != "gpu" if interpret is None else bool(interpret)
-
-
-def gpu_compute_capability() -> int | None:
-    """The first GPU's compute capability as an int (90 for sm_90), or None without a GPU."""
-    try:
-        device = jax.local_devices(backend="gpu")[0]
-    except RuntimeError:
-        return None
-    capability = getattr(device, "compute_capability", None)
-    if capability is None:
-        return None
-    return int(str(capability).replace(".", ""))
-
-
-def has_fp8_tensor_cores(capability: int | None) -> bool:
-    """Ada (sm_89) and Hopper (sm_90) onwards multiply e4m3 natively; A100 (sm_80) does not."""
-    return capability is not None and capability >= 89
-
-
-def require_fp8_tensor_cores(interpret: bool, what: str, instead: str) -> None:
-    """NotImplementedError when compiling for a GPU older than sm_89 (checked on the GPU itself;
-    interpret mode and CPU-side cross-lowering see no GPU and pass)."""
-    capability = None if interpret else gpu_compute_capability()
-    if capability is not None and not has_fp8_tensor_cores(capability):
-        raise NotImplementedError(f"{what} needs fp8 tensor cores (sm_89+: Ada, Hopper); this GPU "
-                                  f"is sm_{capability}. {instead}")
 
 
 def check_matmul_operands(x, w_q, *, weight_dtypes, name: str):
