@@ -276,8 +276,10 @@ import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxinfer.cpu import ffi as cpu_ffi
 from jaxinfer.quantization import quantized_weight as Q
 
+cpu_ffi.load()  # as a CPU engine does at start: the traced and the eager product then take the same kernels
 mesh = jax.make_mesh((2,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,))
 rules = {"mlp": "tp", "embed": None}  # column parallel: output channels split over "tp"
 is_axes = lambda a: isinstance(a, tuple)
