@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import report
+from jaxinfer.env_report import cpu_model
 
 DEFAULT_CACHE = Path.home() / ".cache" / "jaxinfer" / "llama-150m-hf"
 REFERENCE = "jaxinfer"
@@ -334,16 +335,6 @@ def summarize(measured: dict, batch_sizes: list[int], n: int, mean_context: floa
             row["jaxinfer_speedup_tpot"] = row["tpot_s"] / ref_row["tpot_s"]
             row["jaxinfer_speedup_tok_per_s"] = ref_row["tok_per_s"] / row["tok_per_s"]
     return rows
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine(jax_machine: dict | None, load_at_start: list[float]) -> dict:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config.model import ModelConfig
+from jaxinfer.env_report import cpu_model, package_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,25 +73,6 @@ def decode_bytes_per_step(cfg: ModelConfig, dtype, batch_size: int, mean_context
     return int((weights + kv) * itemsize)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _version(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def machine_info() -> dict:
     """Where a number was measured: devices, CPU, and the versions of jax, its backend and torch."""
     import os
@@ -100,12 +82,12 @@ def machine_info() -> dict:
         "platform": jax.default_backend(),
         "device": getattr(dev, "device_kind", str(dev)),
         "num_devices": jax.device_count(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "jax_version": jax.__version__,
-        "jaxlib_version": _version("jaxlib"),
+        "jaxlib_version": package_version("jaxlib"),
         "backend_version": getattr(dev.client, "platform_version", None),
-        "torch_version": _version("torch"),
+        "torch_version": package_version("torch"),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

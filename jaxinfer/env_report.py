@@ -33,7 +33,8 @@ def _safe(section: Callable[[], dict]) -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def _version(dist: str) -> str | None:
+def package_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist``, or None."""
     from importlib import metadata
 
     try:
@@ -47,11 +48,12 @@ def _versions() -> dict:
     import jaxlib
     import numpy
 
-    return {"jaxinfer": _version("jaxinfer"), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+    return {"jaxinfer": package_version("jaxinfer"), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "numpy": numpy.__version__, "python": platform_module.python_version()}
 
 
-def _cpu_name() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -65,7 +67,7 @@ def _platform() -> dict:
     import jax
 
     devices = [{"id": d.id, "platform": d.platform, "kind": d.device_kind} for d in jax.devices()]
-    return {"os": platform_module.platform(), "machine": platform_module.machine(), "cpu": _cpu_name(),
+    return {"os": platform_module.platform(), "machine": platform_module.machine(), "cpu": cpu_model(),
             "cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(), "num_devices": len(devices),
             "devices": devices}
 
