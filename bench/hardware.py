@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxinfer.config.model import ModelConfig
 from jaxinfer.env_report import cpu_model, package_version
+from jaxinfer.model.attention import resolve_attention_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,3 +93,9 @@ def machine_info() -> dict:
         "machine": platform.machine(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def pure_layer_attention_backend() -> str:
+    """The attention backend of the benches that call the model functions directly: the engine's default on a
+    CPU (the C++ kernels where they load), XLA's attention elsewhere."""
+    return resolve_attention_backend("auto", "cpu") if jax.default_backend() == "cpu" else "xla"

@@ -38,7 +38,7 @@ import numpy as np
 from bench import hardware, report
 from jaxinfer.config.presets import preset_config
 from jaxinfer.model import moe
-from jaxinfer.model.attention import get_attention_fn, resolve_attention_backend
+from jaxinfer.model.attention import get_attention_fn
 from jaxinfer.model.decoder import forward
 from jaxinfer.model.kv_cache import allocate_kv_cache
 from jaxinfer.model.weights import init_random_params
@@ -46,12 +46,6 @@ from jaxinfer.runner.batch_packing import WorkItem, pack
 from jaxinfer.runner.shape_plan import StepShape, bucket
 
 BLOCK_SIZE = 16
-
-
-
-def _attention_backend() -> str:
-    """The C++ attention kernels on a CPU where they load (the engine's default there), XLA's otherwise."""
-    return resolve_attention_backend("auto", "cpu") if jax.default_backend() == "cpu" else "xla"
 
 def decode_batches(cfg, batch_size: int, context: int, num_steps: int, seed: int):
     """``num_steps`` decode StepBatches of ``batch_size`` sequences at position ``context``, random tokens."""
@@ -76,7 +70,8 @@ def experts_touched(cfg, params, cache, shape, batches, impl: str) -> float:
         jax.debug.callback(lambda i, v: counts.append(len(np.unique(np.asarray(i)[np.asarray(v)]))), ids, valid)
         return moe.moe_block(lp, x, valid, cfg_, impl=impl)
 
-    attn = get_attention_fn(_attention_backend(), query_width=1, sliding_window=cfg.sliding_window)
+    attn = get_attention_fn(hardware.pure_layer_attention_backend(), query_width=1,
+                            sliding_window=cfg.sliding_window)
     step = jax.jit(lambda p, c, b: forward(p, c, b, cfg, attn, moe_fn=recording_moe), donate_argnums=1)
     for batch in batches:
         logits, cache = step(params, cache, batch)
@@ -108,7 +103,8 @@ def bench_model(name: str, batch_sizes, context: int, num_steps: int, impl: str,
     if cfg.is_moe and unstacked:
         params = moe.unstack_experts(params)
     itemsize = jnp.dtype(dtype).itemsize
-    attn = get_attention_fn(_attention_backend(), query_width=1, sliding_window=cfg.sliding_window)
+    attn = get_attention_fn(hardware.pure_layer_attention_backend(), query_width=1,
+                            sliding_window=cfg.sliding_window)
     rows = []
     for b in batch_sizes:
         shape, batches, num_blocks = decode_batches(cfg, b, context, num_steps + 2, seed=b)

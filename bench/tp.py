@@ -50,7 +50,7 @@ def _devices_for(n: int):
 
 def decode_step(plan, batch_size: int, context: int, dtype):
     """(jitted sharded decode step, abstract args) for ``batch_size`` sequences at ``context`` tokens."""
-    from jaxinfer.model.attention import get_attention_fn, resolve_attention_backend
+    from jaxinfer.model.attention import get_attention_fn
     from jaxinfer.model.decoder import forward
     from jaxinfer.runner.batch_packing import abstract_batch
     from jaxinfer.runner.shape_plan import StepShape, bucket
@@ -59,9 +59,8 @@ def decode_step(plan, batch_size: int, context: int, dtype):
     shape = StepShape(num_tokens=bucket(batch_size), num_seqs=bucket(batch_size), num_logits=bucket(batch_size),
                       query_width=1)
     batch = abstract_batch(shape, bucket(blocks), sharding=plan.batch_sharding)
-    # the engine's default on a CPU (the C++ attention kernels where they load), XLA's attention elsewhere
-    backend = resolve_attention_backend("auto", "cpu") if jax.default_backend() == "cpu" else "xla"
-    attn = get_attention_fn(backend, query_width=1, sliding_window=plan.cfg.sliding_window)
+    attn = get_attention_fn(hardware.pure_layer_attention_backend(), query_width=1,
+                            sliding_window=plan.cfg.sliding_window)
     step = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn()),
                    out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
     cache = plan.abstract_kv_cache(1 + bucket(batch_size) * bucket(blocks), BLOCK_SIZE, dtype)

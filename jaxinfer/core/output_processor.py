@@ -23,8 +23,7 @@ class OutputProcessor:
         self.requests: dict[str, request_io.EngineRequest] = {}
 
     def add(self, req: request_io.EngineRequest) -> None:
-        if req.request_id in self.requests:
-            raise ValueError(f"request id {req.request_id!r} is already in use")
+        """Register a validated request (its id unused: the engine checks that first) and queue its sequences."""
         self.requests[req.request_id] = req
         for seq in req.seqs:
             self.scheduler.add(seq)
