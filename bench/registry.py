@@ -24,6 +24,7 @@ EXPERIMENTS = {
     "tp": "bench.tp",
     "moe": "bench.moe",
     "quant": "bench.quant",
+    "gpu-compile": "bench.gpu_compile.cli",
 }
 
 

@@ -100,6 +100,17 @@ def choose_tokens(logits, md, draft_tokens, draft_q=None, *, greedy: bool, num_l
     return jax.lax.cond(jnp.any(draft_tokens >= 0), verify, sample, None)
 
 
+def abstract_sampling_metadata(num_rows: int, variant: SamplerVariant, max_model_len: int, banned_width: int,
+                               sharding=None) -> sampler_lib.SamplingMetadata:
+    """The token chooser's SamplingMetadata of ``num_rows`` rows for ``variant`` as ShapeDtypeStructs: the
+    penalties variant carries prompt and output ids up to ``max_model_len`` wide, the others one column."""
+    ids = max_model_len if variant.penalties else 1
+    f32, i32, u32 = (jax.ShapeDtypeStruct((num_rows,), d, sharding=sharding) for d in (jnp.float32, jnp.int32, jnp.uint32))
+    mat = lambda w: jax.ShapeDtypeStruct((num_rows, w), jnp.int32, sharding=sharding)
+    return sampler_lib.SamplingMetadata(f32, i32, f32, f32, f32, f32, f32, u32, i32, mat(ids), mat(ids),
+                                        mat(banned_width))
+
+
 def zeros_like_abstract(tree):
     """Host zeros for a pytree of ShapeDtypeStructs (None leaves stay None)."""
     return jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), tree)
@@ -246,12 +257,7 @@ class ModelRunner:
 
     def sampling_arrays(self, num_rows: int, variant: SamplerVariant) -> sampler_lib.SamplingMetadata:
         """Abstract SamplingMetadata of ``num_rows`` rows for ``variant`` (its id matrices' widths)."""
-        ids = self.max_model_len if variant.penalties else 1
-        rep = self._replicated
-        f32, i32, u32 = (jax.ShapeDtypeStruct((num_rows,), d, sharding=rep) for d in (jnp.float32, jnp.int32, jnp.uint32))
-        mat = lambda w: jax.ShapeDtypeStruct((num_rows, w), jnp.int32, sharding=rep)  # noqa: E731
-        return sampler_lib.SamplingMetadata(f32, i32, f32, f32, f32, f32, f32, u32, i32, mat(ids), mat(ids),
-                                            mat(self.banned_width))
+        return abstract_sampling_metadata(num_rows, variant, self.max_model_len, self.banned_width, self._replicated)
 
     def _tokens_entry(self, key) -> Entry:
         _, rows, variant = key
