@@ -115,8 +115,15 @@ SUITE_BUDGET_S = EnvVar(
     "Unset: 540 (1200 with JAXINFER_SUITE_SMOKE=1).",
     "bench/gpu_suite.sh")
 
+TEST_ORACLE_PYTHON = EnvVar(
+    "JAXINFER_TEST_ORACLE_PYTHON", "path", None,
+    "tests only: a Python with torch and transformers that runs the HF oracle (tests/hf_oracle.py) in a child "
+    "process where torch is not importable in-process (CI's Python 3.12 leg points it at the 3.11 leg's "
+    ".venv/bin/python). Unset there: the HF parity tests are skipped.",
+    "tests/hf_oracle.py")
+
 ENV_VARS: tuple[EnvVar, ...] = (CACHE_DIR, COMPILATION_CACHE, CPU_KERNELS, CPU_AMX, CPU_MALLOC_TUNING, DEFAULT_MODEL,
-                                SUITE_SMOKE, SUITE_BUDGET_S)
+                                SUITE_SMOKE, SUITE_BUDGET_S, TEST_ORACLE_PYTHON)
 
 
 def declared(name: str) -> EnvVar:

@@ -20,9 +20,9 @@ from tests import hf_oracle
 
 @pytest.fixture(scope="session")
 def hf_checkpoints(tmp_path_factory):
-    """name -> directory of a random tiny checkpoint saved by transformers."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    """name -> directory of a random tiny checkpoint saved by transformers (in process, or in the oracle
+    process of $JAXINFER_TEST_ORACLE_PYTHON where torch is not importable: tests/hf_oracle.py)."""
+    hf_oracle.skip_unless_available()
     root = tmp_path_factory.mktemp("hf_ckpts")
     return {name: hf_oracle.build_checkpoint(name, root) for name in hf_oracle.ARCHS}
 

@@ -1,13 +1,47 @@
 """The oracle: random tiny checkpoints written by HF transformers itself, and greedy decoding in PyTorch.
 
 Everything here runs transformers on the CPU in float32 with eager attention; jaxinfer is compared to it.
+
+Where it runs. When ``torch`` and ``transformers`` import in this interpreter (CI's Python 3.11 leg, with the
+``oracle`` extra), everything runs in process. Where torch does not (CI's Python 3.12 leg: the only torch
+wheel there is a multi-GB CUDA build, which the project does not install), set
+``JAXINFER_TEST_ORACLE_PYTHON`` to an interpreter that has both (CI points it at the 3.11 leg's
+``.venv/bin/python``): every function below is then executed by one persistent child process, this same
+file run by that interpreter as ``python tests/hf_oracle.py --serve``. The child imports only the standard
+library, numpy, torch and transformers (never jaxinfer or JAX). Checkpoints are still written by
+transformers and HF outputs still computed by PyTorch, in that child, exactly as in process.
+
+The protocol is one JSON object per line: the parent writes ``{"op": name, "args": {...}}`` to the child's
+stdin, the child answers ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": traceback}`` on the
+protocol stream (its original stdout; the child's fd 1 is pointed at its stderr, so nothing transformers or
+torch prints can corrupt the stream). numpy arrays travel as base64 of their raw bytes with dtype and shape
+(bit-exact); a model loaded in the child stays there and the parent holds a ``RemoteModel`` handle to it.
+The child's stderr goes to a temporary file whose tail is quoted if the child dies.
+
+``available()`` / ``unavailable_reason()`` say whether an oracle can be had here (the fixtures in
+``tests/conftest.py`` skip with that reason when not).
 """
 
 from __future__ import annotations
 
+import atexit
+import base64
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+ORACLE_PYTHON_VAR = "JAXINFER_TEST_ORACLE_PYTHON"
 
 # name -> (config class name, config kwargs). Larger initializer_range than HF's default keeps greedy
 # choices away from near-ties, so token identity is a meaningful check.
@@ -44,20 +78,268 @@ EXTRA_ARCHS = {
 }
 
 
-def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
-    import torch
-    import transformers
+# ================================================================== the public functions (in process or not)
 
-    cls_name, kwargs = ARCHS[name] if name in ARCHS else EXTRA_ARCHS[name]
-    config = getattr(transformers, cls_name)(**kwargs)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    path = out_dir / name
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+
+@dataclasses.dataclass(frozen=True)
+class RemoteModel:
+    """A model loaded in the oracle process (``load_hf`` in remote mode): pass it back to ``hf_logits`` etc."""
+
+    handle: int
+    path: str
+    python: str  # the interpreter whose oracle process holds it
+
+
+def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write the random checkpoint ``name`` of ``ARCHS`` / ``EXTRA_ARCHS`` to ``out_dir / name``."""
+    return Path(_dispatch("build_checkpoint", name=name, out_dir=str(out_dir), seed=seed))
+
+
+def write_random_checkpoint(config_class: str, config_kwargs: dict, path: Path, *, seed: int | None = 0,
+                            dtype: str | None = None, max_shard_size: str | None = None,
+                            attn_implementation: str | None = None, return_state: bool = False):
+    """``transformers.<config_class>(**config_kwargs)`` with random weights (``torch.manual_seed(seed)``;
+    None: unseeded), cast to ``dtype`` ("bfloat16"...) if given, saved to ``path`` with ``save_pretrained``.
+    Returns ``path``, or ``(path, state)`` with ``return_state``: the state dict as float32 numpy arrays."""
+    out = _dispatch("write_random_checkpoint", config_class=config_class, config_kwargs=config_kwargs,
+                    path=str(path), seed=seed, dtype=dtype, max_shard_size=max_shard_size,
+                    attn_implementation=attn_implementation, return_state=return_state)
+    return (Path(out[0]), out[1]) if return_state else Path(out)
+
+
+def count_parameters(model_type: str, config_kwargs: dict) -> int:
+    """Parameters of ``AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config_kwargs))``,
+    built on torch's meta device (no memory for the weights)."""
+    return int(_dispatch("count_parameters", model_type=model_type, config_kwargs=config_kwargs))
 
 
 def load_hf(path: Path):
+    """The model at ``path`` in eval mode (float32, eager attention): a torch module in process, a
+    ``RemoteModel`` in remote mode."""
+    return _dispatch("load_hf", path=str(path))
+
+
+def num_parameters(model) -> int:
+    return int(_dispatch("num_parameters", model=model))
+
+
+def hf_logits(model, ids: list[int]) -> np.ndarray:
+    """Logits [len(ids), vocab] (float32) of one forward pass over ``ids``."""
+    return _dispatch("hf_logits", model=model, ids=[int(i) for i in ids])
+
+
+def hf_greedy(model, ids: list[int], num_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy decoding by full forward passes (no HF cache): tokens and their logprobs."""
+    tokens, lps = _dispatch("hf_greedy", model=model, ids=[int(i) for i in ids], num_tokens=int(num_tokens))
+    return list(tokens), list(lps)
+
+
+def versions() -> dict[str, str]:
+    """Python, torch and transformers versions of whichever interpreter runs the oracle."""
+    return _dispatch("versions")
+
+
+# ================================================================== where the oracle runs
+
+
+@functools.cache
+def torch_in_process() -> bool:
+    """torch and transformers can be imported by this interpreter."""
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+
+def oracle_python() -> Path | None:
+    """``$JAXINFER_TEST_ORACLE_PYTHON`` (read through jaxinfer.envs, where it is declared), or None."""
+    from jaxinfer import envs
+
+    return envs.get(ORACLE_PYTHON_VAR)
+
+
+def mode() -> str | None:
+    """``"local"`` (torch here), ``"remote"`` (the child process of ``$JAXINFER_TEST_ORACLE_PYTHON``), or
+    None (no oracle: see ``unavailable_reason``)."""
+    if torch_in_process():
+        return "local"
+    return "remote" if oracle_python() is not None else None
+
+
+def available() -> bool:
+    return mode() is not None
+
+
+def unavailable_reason() -> str:
+    return (f"HF oracle unavailable: torch/transformers are not importable by this Python "
+            f"({sys.version.split()[0]}) and {ORACLE_PYTHON_VAR} is not set (point it at a Python with "
+            "torch==2.13.0 and transformers, e.g. the 3.11 leg's .venv/bin/python: see README, Tests)")
+
+
+def skip_unless_available() -> None:
+    """pytest.skip (with ``unavailable_reason``) where no oracle can be had."""
+    if not available():
+        import pytest
+
+        pytest.skip(unavailable_reason())
+
+
+def _dispatch(op: str, **args):
+    model = args.get("model")
+    if isinstance(model, RemoteModel):  # it lives in the oracle process that loaded it
+        return remote_client(model.python).call(op, **args)
+    where = mode()
+    if where == "local":
+        return _OPS[op](**args)
+    if where == "remote":
+        return remote_client(oracle_python()).call(op, **args)
+    raise RuntimeError(unavailable_reason())
+
+
+# ================================================================== the client side of remote mode
+
+
+class OracleError(RuntimeError):
+    pass
+
+
+_CLIENTS: dict[str, "OracleClient"] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def remote_client(python: str | os.PathLike) -> "OracleClient":
+    """The persistent oracle process of interpreter ``python`` (started on first use, closed at exit)."""
+    key = str(python)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None or not client.alive():
+            client = _CLIENTS[key] = OracleClient(key)
+        return client
+
+
+class OracleClient:
+    """One child process running ``_serve`` under interpreter ``python``; calls are serialised."""
+
+    def __init__(self, python: str):
+        if not Path(python).exists():
+            raise OracleError(f"{ORACLE_PYTHON_VAR}={python}: no such interpreter")
+        self.python = python
+        self._lock = threading.Lock()
+        self._stderr = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)  # this interpreter's paths, not the oracle's
+        env["PYTHONUNBUFFERED"] = "1"
+        self._proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--serve"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
+                                      cwd=tempfile.gettempdir())
+        atexit.register(self.close)
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def _stderr_tail(self, n: int = 4000) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-n:]
+
+    def call(self, op: str, **args):
+        if isinstance(args.get("model"), RemoteModel):
+            if args["model"].python != self.python:
+                raise OracleError(f"{args['model']} lives in another oracle process than {self.python}'s")
+            args["model"] = args["model"].handle
+        with self._lock:
+            try:
+                self._proc.stdin.write(json.dumps({"op": op, "args": _encode(args)}) + "\n")
+                self._proc.stdin.flush()
+                line = self._proc.stdout.readline()
+            except (BrokenPipeError, OSError):
+                line = ""
+            if not line:
+                code = self._proc.wait(timeout=30)
+                raise OracleError(f"the oracle process ({self.python}) exited with code {code} during {op!r}; "
+                                  f"its stderr ends with:\n{self._stderr_tail()}")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise OracleError(f"{op} failed in the oracle process ({self.python}):\n{reply['error']}")
+        result = _decode(reply["result"])
+        if op == "load_hf":
+            result = RemoteModel(int(result), args["path"], self.python)
+        return result
+
+    def close(self):
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=30)
+            except Exception:
+                self._proc.kill()
+                self._proc.wait()
+        self._stderr.close()
+
+
+def _encode(obj):
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode("ascii"),
+                "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, dict):
+        return {str(k): _encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _decode(obj):
+    if isinstance(obj, dict):
+        if "__ndarray__" in obj:
+            data = base64.b64decode(obj["__ndarray__"])
+            return np.frombuffer(data, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+# ================================================================== the implementations (need torch)
+
+
+def _write_random_checkpoint(config_class, config_kwargs, path, seed=0, dtype=None, max_shard_size=None,
+                             attn_implementation=None, return_state=False):
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_class)(**config_kwargs)
+    if seed is not None:
+        torch.manual_seed(seed)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
+    save_kwargs = {"safe_serialization": True}
+    if max_shard_size is not None:
+        save_kwargs["max_shard_size"] = max_shard_size
+    model.save_pretrained(path, **save_kwargs)
+    if not return_state:
+        return str(path)
+    return str(path), {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+
+
+def _build_checkpoint(name, out_dir, seed=0):
+    cls_name, kwargs = ARCHS[name] if name in ARCHS else EXTRA_ARCHS[name]
+    return _write_random_checkpoint(cls_name, kwargs, Path(out_dir) / name, seed=seed,
+                                    attn_implementation="eager")
+
+
+def _count_parameters(model_type, config_kwargs):
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type, **config_kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _load_hf(path):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -66,15 +348,18 @@ def load_hf(path: Path):
     return model.eval()
 
 
-def hf_logits(model, ids: list[int]) -> np.ndarray:
+def _num_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def _hf_logits(model, ids):
     import torch
 
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
-def hf_greedy(model, ids: list[int], num_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy decoding by full forward passes (no HF cache): tokens and their logprobs."""
+def _hf_greedy(model, ids, num_tokens):
     import torch
 
     ids = list(ids)
@@ -88,3 +373,47 @@ def hf_greedy(model, ids: list[int], num_tokens: int) -> tuple[list[int], list[f
         lps.append(float(logp[tok]))
         ids.append(tok)
     return out, lps
+
+
+def _versions():
+    import torch
+    import transformers
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+_OPS = {"build_checkpoint": _build_checkpoint, "write_random_checkpoint": _write_random_checkpoint,
+        "count_parameters": _count_parameters, "load_hf": _load_hf, "num_parameters": _num_parameters,
+        "hf_logits": _hf_logits, "hf_greedy": _hf_greedy, "versions": _versions}
+
+
+# ================================================================== the server side of remote mode
+
+
+def _serve() -> None:
+    """Answer requests from stdin until it closes (see the module docstring for the protocol)."""
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything printed to stdout from here on goes to stderr, not into the protocol
+    sys.stdout = sys.stderr
+    models: dict[int, Any] = {}
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            op, args = request["op"], _decode(request["args"])
+            if "model" in args:
+                args["model"] = models[args["model"]]
+            result = _OPS[op](**args)
+            if op == "load_hf":
+                models[len(models)] = result
+                result = len(models) - 1
+            reply = {"ok": True, "result": _encode(result)}
+        except Exception:
+            reply = {"ok": False, "error": traceback.format_exc()}
+        protocol.write(json.dumps(reply) + "\n")
+        protocol.flush()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--serve"]:
+        sys.exit("usage: python tests/hf_oracle.py --serve  (the oracle process; see the module docstring)")
+    _serve()

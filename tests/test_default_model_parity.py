@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "config.json").is_file(
 
 
 def test_default_model_matches_hf_and_speculation_is_lossless():
-    pytest.importorskip("transformers")
+    hf_oracle.skip_unless_available()
     prompt = "import os\n\n\ndef main(argv):\n    for name in os.listdir("
     llm = LLM(compilation="lazy", max_model_len=256, num_kv_blocks=64)
     ids = llm.get_tokenizer().encode(prompt)

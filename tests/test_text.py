@@ -11,12 +11,12 @@ import pytest
 
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.cli import main as cli_main
+from tests import hf_oracle
 
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    import torch
+    hf_oracle.skip_unless_available()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     root = tmp_path_factory.mktemp("text_model")
@@ -30,12 +30,10 @@ def text_model(tmp_path_factory):
     tok.save(str(root / "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
     (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    config = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=256, initializer_range=0.08, eos_token_id=eos,
-                                      bos_token_id=eos)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(root)
+    config = dict(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.08,
+                  eos_token_id=eos, bos_token_id=eos)
+    hf_oracle.write_random_checkpoint("LlamaConfig", config, root, seed=0)
     return root
 
 

@@ -16,20 +16,18 @@ import pytest
 from bench import prefix, serve
 from bench.workload import (TimedRequest, WorkloadSpec, arrival_offsets, make_workload, percentiles, random_prompts,
                             workload_spec)
+from tests import hf_oracle
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
+    hf_oracle.skip_unless_available()
+    config = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256)
     path = tmp_path_factory.mktemp("serving") / "tiny-llama"
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return str(path)
+    return str(hf_oracle.write_random_checkpoint("LlamaConfig", config, path, seed=0))
 
 
 def _parse(module, argv: list[str]) -> argparse.Namespace:

@@ -1,7 +1,8 @@
 """Weight declaration, HF safetensors loading, orbax convert/restore and presets.
 
 The reference is HF transformers itself: it builds random tiny models and writes their checkpoints;
-every loaded array must equal the torch state dict (transposed for linear layers) exactly.
+every loaded array must equal the torch state dict (transposed for linear layers) exactly. Both come from
+the oracle (tests/hf_oracle.py: in process, or in the oracle process where torch is not importable here).
 """
 
 from __future__ import annotations
@@ -39,39 +40,38 @@ from jaxinfer.model.weights import (
     param_specs,
 )
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from tests import hf_oracle
 
 KINDS = ("llama_gqa", "llama_tied", "qwen2_bias", "qwen3_qknorm")
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
 
 
-def _hf_config(kind: str):
+def _hf_config(kind: str) -> tuple[str, dict]:
+    """The transformers config class and its arguments of ``kind``."""
     if kind == "llama_gqa":
-        return transformers.LlamaConfig(**TINY, num_key_value_heads=2)
+        return "LlamaConfig", dict(TINY, num_key_value_heads=2)
     if kind == "llama_tied":
-        return transformers.LlamaConfig(**TINY, num_key_value_heads=4, tie_word_embeddings=True)
+        return "LlamaConfig", dict(TINY, num_key_value_heads=4, tie_word_embeddings=True)
     if kind == "qwen2_bias":
-        return transformers.Qwen2Config(**TINY, num_key_value_heads=2, tie_word_embeddings=False)
+        return "Qwen2Config", dict(TINY, num_key_value_heads=2, tie_word_embeddings=False)
     if kind == "qwen3_qknorm":  # head_dim 16 != hidden 32 / 4 heads
-        return transformers.Qwen3Config(**TINY, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+        return "Qwen3Config", dict(TINY, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
     raise ValueError(kind)
 
 
-def _write_hf(out: Path, kind: str, dtype=None, max_shard_size=None) -> dict[str, np.ndarray]:
+def _write_hf(out: Path, kind: str, dtype: str | None = None, max_shard_size=None) -> dict[str, np.ndarray]:
     """Save a random HF model to ``out``; return its state dict as float32 numpy arrays."""
-    torch.manual_seed(sorted(KINDS).index(kind))
-    model = transformers.AutoModelForCausalLM.from_config(_hf_config(kind))
-    if dtype is not None:
-        model = model.to(dtype)
-    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    model.save_pretrained(out, **kwargs)
-    return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    hf_oracle.skip_unless_available()
+    cls_name, kwargs = _hf_config(kind)
+    _, state = hf_oracle.write_random_checkpoint(cls_name, kwargs, out, seed=sorted(KINDS).index(kind), dtype=dtype,
+                                                 max_shard_size=max_shard_size, return_state=True)
+    return state
 
 
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     """kind -> (directory, reference state dict), built once per module."""
+    hf_oracle.skip_unless_available()
     out = {}
     for kind in KINDS:
         d = tmp_path_factory.mktemp(kind)
@@ -121,7 +121,7 @@ def test_load_sharded_checkpoint(tmp_path):
 
 
 def test_load_bf16_checkpoint(tmp_path):
-    state = _write_hf(tmp_path, "qwen2_bias", dtype=torch.bfloat16)
+    state = _write_hf(tmp_path, "qwen2_bias", dtype="bfloat16")
     with safe_open(str(tmp_path / "model.safetensors"), framework="numpy") as f:
         assert f.get_slice("model.norm.weight").get_dtype() == "BF16"
     cfg = ModelConfig.from_pretrained(tmp_path)
@@ -349,15 +349,10 @@ def test_llama31_has_llama3_rope_scaling():
 @pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "llama-150m"])
 def test_preset_param_count_matches_transformers(name):
     """Build the preset in transformers on the meta device: same parameter count as ours."""
-    hf_cfg = transformers.AutoConfig.for_model(
-        {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[
-            PRESETS[name]["architectures"][0]
-        ],
-        **preset_hf_dict(name),
-    )
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
-    assert sum(p.numel() for p in model.parameters()) == preset_config(name).num_params
+    hf_oracle.skip_unless_available()
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[
+        PRESETS[name]["architectures"][0]]
+    assert hf_oracle.count_parameters(model_type, preset_hf_dict(name)) == preset_config(name).num_params
 
 
 def test_unknown_preset_lists_names():

@@ -15,6 +15,7 @@ import pytest
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.sample.rejection_sampler import draft_sample, verify
 from jaxinfer.sample.sampler import SamplingMetadata, processed_logits
+from tests import hf_oracle
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
@@ -154,11 +155,9 @@ def test_bad_speculative_configs(hf_checkpoints, tmp_path):
     ]:
         with pytest.raises(ValueError, match=match):
             LLM(compilation="lazy", model=path, max_model_len=64, speculative_config=bad)
-    import transformers
-
-    other = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                     num_attention_heads=2, max_position_embeddings=512)
-    transformers.AutoModelForCausalLM.from_config(other).save_pretrained(tmp_path / "d")
+    other = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 max_position_embeddings=512)
+    hf_oracle.write_random_checkpoint("LlamaConfig", other, tmp_path / "d", seed=None)
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(compilation="lazy", model=path, max_model_len=64,
             speculative_config={"method": "draft_model", "model": str(tmp_path / "d"), "num_speculative_tokens": 2})
