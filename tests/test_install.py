@@ -30,8 +30,9 @@ FFI = ROOT / "jaxinfer" / "cpu" / "ffi"
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                "tokenizer_config.json", "training_summary.json")
 TOP_LEVEL = {"jaxinfer", "pallas_kernels", "sharding", "bench", "jaxinfer-0.1.0.dist-info"}
-# Not copied for the build: VCS data, environments, build outputs and caches.
-COPY_IGNORED = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis"}
+# Not copied for the build: VCS data, environments (also any other folder holding a pyvenv.cfg, as CI's .venv312),
+# build outputs and caches.
+COPY_IGNORED = {".git", ".venv", ".venv312", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis"}
 
 
 def _pip_wheel_available() -> bool:
@@ -76,7 +77,8 @@ print("RESULT " + json.dumps({
 
 def _copy_tree(dst: Path) -> None:
     def ignore(directory, names):
-        return {n for n in names if n in COPY_IGNORED or n.endswith(".egg-info")}
+        return {n for n in names if n in COPY_IGNORED or n.endswith(".egg-info")
+                or (Path(directory) / n / "pyvenv.cfg").is_file()}
     shutil.copytree(ROOT, dst, ignore=ignore)
 
 
