@@ -39,6 +39,20 @@ cover long contexts (``default_num_kv_splits``).
 Memory layout: every array stays in global memory in the caller's layout (no BlockSpecs); the
 kernel computes element pointers itself, so the paged cache is read in place. Split-K partials are
 ``[splits, T, Hq, D]`` (float32) plus ``[splits, T, Hq]`` for the max and the sum.
+
+Configuration per GPU (``default_launch``; every knob can still be set by hand), checked with ``jaxinfer-bench
+gpu-compile`` (ptxas: no spills, on every case of the GPU suite and the engine's 7B steps):
+
+* Hopper (sm_90) and a compile with no GPU target (interpret mode, cross-lowering): 64 keys per KV step for
+  16-bit q (32 for float32), 8 warps once the query block ``rows x Dp`` reaches 128 x 128, else 4; M up to 128
+  rows. Triton's Hopper dots read their operands from shared memory, so the registers hold mostly the
+  accumulator: the largest blocks stay under 255 registers per thread.
+* Ampere and Ada (sm_80 - sm_89): their mma.sync dots hold both operands in registers, and at the Hopper
+  configuration ptxas spilled (up to 136 B per thread for head_dim 256, 16-24 B for 7B prefill and mixed
+  steps) or sat at exactly 255 registers. So: 32 keys per KV step (halves the score tile and the K/V
+  fragments), 8 warps from ``rows x Dp`` = 64 x 128 on (half the per-thread share of the accumulator), and the
+  query block capped at ``rows x Dp <= 128 x 128`` (head_dim 256 gets 64 rows). A 4-warp block below that
+  size stays at 4 warps: at 8 the same small block spilled (more threads each holding a fragment of K/V).
 """
 
 from __future__ import annotations
@@ -50,6 +64,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
+
+from pallas_kernels import gpu_target
 
 _FP8_CACHE_DTYPE = jnp.dtype(jnp.float8_e4m3fn)  # an fp8 KV cache: e4m3 K/V read with float q
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
@@ -269,12 +285,34 @@ def _ragged_paged_attention_call(q, k_cache, v_cache, block_tables, cu_q_lens, k
 # ----------------------------------------------------------------------------------------------
 
 
-def default_block_q(num_tokens: int, num_seqs: int, group: int) -> int:
-    """Query tokens per tile: about the mean q_len, but M = block_q * Gp within [16, 128]."""
+def _ampere_class(capability: int | None) -> bool:
+    """sm_80 - sm_89: dots whose operands live in registers (module docstring, "Configuration per GPU")."""
+    return capability is not None and capability < 90
+
+
+def max_rows(head_dim: int, capability: int | None) -> int:
+    """The query block's M (tokens x padded query heads) at most: 128, and on Ampere-class GPUs
+    ``128 * 128 / Dp`` (64 rows for head_dim 256)."""
+    if _ampere_class(capability):
+        return max(_MIN_DOT_DIM, min(128, 128 * 128 // _next_power_of_2(head_dim)))
+    return 128
+
+
+def default_block_q(num_tokens: int, num_seqs: int, group: int, head_dim: int = 128,
+                    capability: int | None = None) -> int:
+    """Query tokens per tile: about the mean q_len, but M = block_q * Gp within [16, ``max_rows``]."""
     group_padded = _next_power_of_2(group)
     floor = max(1, _MIN_DOT_DIM // group_padded)
-    ceiling = max(floor, 128 // group_padded)
+    ceiling = max(floor, max_rows(head_dim, capability) // group_padded)
     return min(max(_next_power_of_2(_cdiv(num_tokens, max(num_seqs, 1))), floor), ceiling)
+
+
+def default_launch(rows: int, head_dim: int, itemsize: int, capability: int | None) -> tuple[int, int]:
+    """(keys per KV-loop step, num_warps) for a query block of ``rows`` x ``head_dim`` on this GPU."""
+    size = rows * _next_power_of_2(head_dim)
+    if _ampere_class(capability):
+        return 32, 8 if size >= 64 * 128 else 4
+    return 64 if itemsize <= 2 else 32, 8 if size >= 128 * 128 else 4
 
 
 def default_num_kv_splits(num_tokens: int, num_seqs: int, num_kv_heads: int, max_context: int,
@@ -348,14 +386,16 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
     num_blocks, bs, hkv, _ = k_cache.shape
     s, mb = block_tables.shape
     group_padded = _next_power_of_2(hq // hkv)
+    interpret = gpu_target.resolve_interpret(interpret)
+    capability = None if interpret else gpu_target.gpu_compute_capability()  # the knobs' defaults depend on it
     if block_q is None:
-        block_q = default_block_q(t, s, hq // hkv)
+        block_q = default_block_q(t, s, hq // hkv, d, capability)
     if not _is_power_of_2(block_q) or block_q * group_padded < _MIN_DOT_DIM:
         raise ValueError(f"block_q={block_q} must be a power of two with block_q * "
                          f"{group_padded} (padded query heads per kv head) >= {_MIN_DOT_DIM}")
+    default_keys, default_warps = default_launch(block_q * group_padded, d, q.dtype.itemsize, capability)
     if kv_pages_per_step is None:
-        keys = 64 if q.dtype.itemsize <= 2 else 32
-        kv_pages_per_step = max(1, keys // bs)
+        kv_pages_per_step = max(1, default_keys // bs)
     if not _is_power_of_2(kv_pages_per_step) or kv_pages_per_step * bs < _MIN_DOT_DIM:
         raise ValueError(f"kv_pages_per_step={kv_pages_per_step} must be a power of two with "
                          f"kv_pages_per_step * block_size >= {_MIN_DOT_DIM}")
@@ -364,11 +404,9 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
     if not isinstance(num_kv_splits, int) or num_kv_splits < 1:
         raise ValueError(f"num_kv_splits must be a positive int, got {num_kv_splits!r}")
     if num_warps is None:
-        num_warps = 8 if block_q * group_padded * _next_power_of_2(d) >= 128 * 128 else 4
+        num_warps = default_warps
     if num_stages is None:
         num_stages = 2
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
     cfg = _KernelConfig(
         num_tokens=t, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks,
         block_size=bs, block_q=block_q, block_kv=kv_pages_per_step * bs,

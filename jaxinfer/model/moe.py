@@ -66,8 +66,11 @@ def tile_rows(num_pairs: int, num_local_experts: int) -> int:
 
 
 def route(x, router_w, cfg: ModelConfig, valid):
-    """Top-k routing in float32: (weights [T, k] float32, expert ids [T, k] int32); padding rows weigh 0."""
-    logits = linear(x.astype(jnp.float32), router_w, out_dtype=jnp.float32)
+    """Top-k routing in float32: (weights [T, k] float32, expert ids [T, k] int32); padding rows weigh 0.
+    The router's logits are accumulated and returned in float32 from the operands as they are (bf16 products
+    are exact in float32, so widening x first changes nothing but the GEMM XLA emits: on sm_90 its untuned
+    float32 tiling spilled registers, found by ``jaxinfer-bench gpu-compile``)."""
+    logits = linear(x, router_w, out_dtype=jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     weights, ids = jax.lax.top_k(probs, cfg.num_experts_per_tok)
     if cfg.norm_topk_prob:

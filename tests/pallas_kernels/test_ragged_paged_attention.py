@@ -17,8 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pallas_kernels import gpu_target
 from pallas_kernels.ragged_paged_attention import (
     default_block_q,
+    default_launch,
     default_num_kv_splits,
     ragged_paged_attention,
     ragged_paged_attention_reference,
@@ -196,6 +198,31 @@ def test_default_block_q_policy():
     assert default_block_q(64, 64, 8) == 2  # decode, GQA 8: 2 tokens x 8 heads
     assert default_block_q(2048, 16, 1) == 128  # prefill, MHA: M capped at 128
     assert default_block_q(2048, 16, 7) == 16  # prefill, GQA 7 -> 8 padded heads
+
+
+def test_per_gpu_configuration():
+    """Hopper (and no GPU target) keep M up to 128 rows and 64 keys per step for 16-bit q; Ampere-class GPUs
+    cap M x Dp at 128 x 128, step 32 keys and use 8 warps from 64 x 128 (what gpu-compile found spill-free)."""
+    assert default_block_q(64, 2, 8, head_dim=256, capability=90) == 16  # 128 rows
+    assert default_block_q(64, 2, 8, head_dim=256, capability=80) == 8  # 64 rows x 256
+    assert default_block_q(2048, 1, 1, head_dim=128, capability=80) == 128
+    assert default_launch(128, 128, 2, 90) == (64, 8)
+    assert default_launch(64, 128, 2, 90) == (64, 4)
+    assert default_launch(64, 128, 2, None) == (64, 4)  # interpret mode / no GPU target: Hopper's
+    assert default_launch(64, 128, 4, 90) == (32, 4)  # float32 q
+    assert default_launch(64, 128, 2, 80) == (32, 8)
+    assert default_launch(16, 128, 2, 80) == (32, 4)
+    assert default_launch(16, 128, 2, 89) == (32, 4)  # Ada: mma.sync like Ampere
+
+
+@pytest.mark.parametrize("kind, capability", [("NVIDIA A100-SXM4-80GB", 80), ("NVIDIA H200", 90),
+                                              ("NVIDIA L4", 89), ("NVIDIA H100 80GB HBM3", 90)])
+def test_compile_target_comes_from_the_abstract_mesh(kind, capability):
+    """A compile without a GPU names its target by the abstract mesh's device kind (as Pallas's lowering reads it)."""
+    device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=100, platform="gpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+        assert gpu_target.gpu_compute_capability() == capability
+    assert gpu_target.gpu_compute_capability() is None  # this machine has no GPU
 
 
 def test_default_num_kv_splits_policy():
