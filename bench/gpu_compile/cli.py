@@ -145,7 +145,8 @@ def add_arguments(p) -> None:
                    choices=[t.name for t in targets.all_targets()],
                    help="GPUs to compile for (a100: sm_80; h100, h200: sm_90)")
     p.add_argument("--groups", nargs="+", default=["attention", "matmul", "engine", "mosaic"],
-                   choices=["attention", "matmul", "engine", "mosaic"])
+                   choices=["attention", "matmul", "engine", "mosaic", "oversized"],
+                   help="what to compile (oversized: a tile past every GPU's shared memory, which must fail)")
     p.add_argument("--quick", action="store_true", help="a few cases of each group (the test suite's)")
     p.add_argument("--layers", type=int, default=None,
                    help="compile the engine's models cut to their first N layers (default: all layers)")

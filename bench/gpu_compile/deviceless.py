@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import shutil
 import sys
@@ -31,9 +32,7 @@ _STDERR_FD = 2
 
 def tools_missing() -> str | None:
     """Why a deviceless compile cannot run in this environment, or None if it can."""
-    try:
-        import jax_plugins.xla_cuda12  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
         return "the CUDA plugin is not installed (pip install -e '.[gpu-compile]': jax[cuda12-local] and ptxas)"
     if _ptxas() is None:
         return "ptxas is not installed (pip install nvidia-cuda-nvcc-cu12)"
@@ -41,13 +40,10 @@ def tools_missing() -> str | None:
 
 
 def _ptxas() -> str | None:
-    try:
-        import nvidia.cuda_nvcc
-        root = Path(next(iter(nvidia.cuda_nvcc.__path__)))
-        if (root / "bin" / "ptxas").exists():
-            return str(root / "bin" / "ptxas")
-    except ImportError:
-        pass
+    spec = importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.cuda_nvcc")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(root) / "bin" / "ptxas").exists():
+            return str(Path(root) / "bin" / "ptxas")
     return shutil.which("ptxas")
 
 

@@ -118,3 +118,20 @@ def matmul_cases() -> list[CompileCase]:
                                        functools.partial(_matmul_build, kind, m, n, k),
                                        quick=(proj, m) == (PROJECTIONS[1][0], 64)))
     return out
+
+
+# ------------------------------------------------------------------------------------------- oversized
+def _oversized_build(compiler):
+    """w8a16 with 256 x 256 x 256 tiles over 4 stages: ~1.3 MiB of shared memory, past every GPU's limit."""
+    from pallas_kernels import w8a16_matmul
+
+    s = jax.ShapeDtypeStruct
+    fn = functools.partial(w8a16_matmul.w8a16_matmul, interpret=False, block_m=256, block_n=256, block_k=256,
+                           num_stages=4, num_warps=8)
+    args = (s((512, 4096), BF16), s((4096, 4096), jnp.int8), s((4096,), jnp.float32))
+    return jax.jit(fn), compiler.place(args), {}
+
+
+def oversized_cases() -> list[CompileCase]:
+    """A deliberately oversized tile (not in the default groups): the check that a failure is reported."""
+    return [CompileCase("oversized", "w8a16_int8 M=512 with 256x256x256 tiles, 4 stages", _oversized_build)]

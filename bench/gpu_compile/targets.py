@@ -73,6 +73,6 @@ def all_targets() -> list[GpuTarget]:
 def target_for_device_kind(device_kind: str) -> GpuTarget | None:
     """The shipped target of a real device (``jax.devices()[0].device_kind``), or None if none matches."""
     for t in all_targets():
-        if t.device_kind.split()[1] in device_kind:  # "A100", "H100", "H200"
+        if t.device_kind.split()[1].split("-")[0] in device_kind:  # "A100", "H100", "H200"
             return t
     return None

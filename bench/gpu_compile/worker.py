@@ -20,7 +20,8 @@ def select_cases(groups: list[str], quick: bool, layers: int | None, match: str 
     from bench.gpu_compile import engine_cases, kernel_cases, mosaic_cases
 
     builders = {"attention": kernel_cases.attention_cases, "matmul": kernel_cases.matmul_cases,
-                "engine": lambda: engine_cases.engine_cases(layers), "mosaic": mosaic_cases.mosaic_cases}
+                "engine": lambda: engine_cases.engine_cases(layers), "mosaic": mosaic_cases.mosaic_cases,
+                "oversized": kernel_cases.oversized_cases}
     cases = [c for g in groups for c in builders[g]()]
     if quick:
         cases = [c for c in cases if c.quick]
