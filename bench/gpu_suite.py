@@ -146,7 +146,10 @@ def latency_summary(payload: dict | None) -> dict | None:
                                       "floor_over_tpot": r["bandwidth_fraction"], "tok_per_s": r["tok_per_s"]}
     return {"model": payload.get("model"), "dtype": payload.get("dtype"),
             "bandwidth_gb_per_s": (payload.get("bandwidth") or {}).get("gb_per_s"),
-            "recompiles_after_warmup": payload.get("recompiles_after_warmup"), "batches": rows}
+            # the latency bench's name since 603a121 (before: recompiles_after_warmup)
+            "compilations_after_start": payload.get("compilations_after_start",
+                                                    payload.get("recompiles_after_warmup")),
+            "batches": rows}
 
 
 def spec_summary(payload: dict | None) -> dict | None:
@@ -268,7 +271,7 @@ def print_summary(s: dict) -> None:
             continue
         parts = [f"b{b}: TPOT {_fmt(r['tpot_ms'], '.2f')} ms, floor {_fmt(r['floor_ms'], '.2f')} ms "
                  f"({_fmt(r['floor_over_tpot'], '.0%')})" for b, r in lat["batches"].items()]
-        lines.append(f"{name}: " + " | ".join(parts) + f" | recompiles {lat['recompiles_after_warmup']}")
+        lines.append(f"{name}: " + " | ".join(parts) + f" | compilations after start {lat['compilations_after_start']}")
     sp = s.get("spec")
     if sp:
         cells = [f"{r['task']} b{r['batch_size']} {r['method']} {_fmt(r['speedup'], '.2f')}x"
