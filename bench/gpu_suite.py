@@ -5,9 +5,10 @@
   ``bench.hardware.measure_bandwidth`` (the probe the other benchmarks scale by).
 * ``tiny-model DIR``: a random tiny Llama in HF format (config.json + model.safetensors, numpy only), so
   the suite's smoke mode can run the engine end to end on a CPU.
-* ``summary --out-dir D --stages F [--spec S]``: reads every JSON the suite wrote and the stage log (and the
-  spec bench's JSON, embedded whole: the device tool returns at most 8 files), writes ``summary.json`` and
-  prints the compact table the suite ends with.
+* ``summary --out-dir D --stages F [--spec S] [--gpu-compile G] [--quant Q] [--embed NAME=FILE ...]``: reads
+  every JSON the suite wrote and the stage log (and the JSON of the stages that write none to ``D``, embedded:
+  the device tool returns at most 8 files), writes ``summary.json`` and prints the compact table the suite
+  ends with (gpu-compile's verdicts counted per target: ok / refused / failed / spills / over-limit).
 """
 
 from __future__ import annotations
@@ -172,6 +173,32 @@ def quant_summary(payload: dict | None) -> dict | None:
             "greedy_agreement": payload.get("greedy_agreement"), "kv_blocks": payload.get("kv_blocks")}
 
 
+GPU_COMPILE_VERDICTS = ("ok", "refused", "failed", "spills", "over-limit")
+
+
+def gpu_compile_summary(payload: dict | None) -> dict | None:
+    """``jaxinfer-bench gpu-compile``'s counts of each verdict per target (compute capability), and the
+    entries that are not ok or refused (case, verdict, the first line of XLA's message)."""
+    if not payload:
+        return None
+    counts: dict[str, dict[str, int]] = {}
+    problems = []
+    for r in payload.get("results", []):
+        verdict = (r.get("summary") or {}).get("verdict") or r.get("status")
+        c = counts.setdefault(r.get("sm") or r.get("target") or "?", dict.fromkeys(GPU_COMPILE_VERDICTS, 0))
+        c[verdict] = c.get(verdict, 0) + 1
+        if verdict not in ("ok", "refused"):
+            message = ((r.get("message") or "").strip().splitlines() or [""])[0]
+            spills = (r.get("summary") or {}).get("spill_bytes")
+            problems.append(f"{r.get('sm')} {r.get('case')}: {verdict}"
+                            + (f" ({spills} spill bytes)" if verdict == "spills" else "")
+                            + (f" ({message[:100]})" if message else ""))
+    return {"jax": payload.get("jax"), "python": payload.get("python"), "targets": payload.get("targets"),
+            "groups": payload.get("groups"), "quick": payload.get("quick"), "layers": payload.get("layers"),
+            "seconds": payload.get("seconds"), "entries": len(payload.get("results", [])), "counts": counts,
+            "problems": problems}
+
+
 def _fmt(v, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -201,16 +228,19 @@ def embedded_line(name: str, payload: dict) -> str:
 
 
 def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = None,
-              quant_file: Path | None = None, embed: dict[str, Path] | None = None) -> dict:
+              quant_file: Path | None = None, embed: dict[str, Path] | None = None,
+              gpu_compile_file: Path | None = None) -> dict:
     stages = []
     if stages_file and stages_file.is_file():
         stages = [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()]
     ceilings = _load(out_dir / "ceilings.json")
+    gpu_compile = _load(gpu_compile_file) if gpu_compile_file else None
     summary = {
         "benchmark": "gpu_suite",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": (ceilings or {}).get("machine") or _machine_info_or_none(),
         "stages": stages,
+        "gpu_compile": gpu_compile_summary(gpu_compile),
         "ceilings": None if not ceilings else {
             "copy_gb_per_s": ceilings["copy"]["gb_per_s"],
             "matmul_bf16_tflop_per_s": ceilings["matmul_bf16"]["tflop_per_s"],
@@ -224,6 +254,8 @@ def summarize(out_dir: Path, stages_file: Path | None, spec_file: Path | None = 
         "quant": quant_summary(_load(quant_file)) if quant_file else None,
         "embedded": {name: _load(path) for name, path in (embed or {}).items()},
     }
+    if gpu_compile_file:  # whole (each kernel's registers, spills, shared memory): it has no file of its own
+        summary["embedded"]["gpu_compile"] = gpu_compile
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print_summary(summary)
     return summary
@@ -244,6 +276,14 @@ def print_summary(s: dict) -> None:
     for st in s["stages"]:
         lines.append(f"   stage {st['stage']:<24} {st['status']:<8} rc={st['rc']:<4} {st['seconds']:>4}s"
                      f" (limit {st['limit_s']}s)")
+    g = s.get("gpu_compile")
+    if g:
+        per_target = " | ".join(f"{sm}: " + ", ".join(f"{k} {n}" for k, n in c.items()) for sm, c in g["counts"].items())
+        lines.append(f"gpu_compile (deviceless, jax {g['jax']}, {g['entries']} entries, {_fmt(g['seconds'], '.0f')} s): "
+                     + (per_target or "nothing compiled"))
+        lines += [f"   ! {p[:150]}" for p in g["problems"][:8]]
+    elif "gpu_compile" in s:
+        lines.append("gpu_compile: no result (see its stage in suite.log)")
     c = s["ceilings"]
     if c:
         lines.append(f"ceilings: copy {_fmt(c['copy_gb_per_s'], '.0f')} GB/s | measure_bandwidth "
@@ -282,6 +322,8 @@ def print_summary(s: dict) -> None:
         cells = [f"{r['method']} {r['shape']} {_fmt(r['speedup'], '.2f')}x" for r in q["speedups"]]
         lines.append(f"quant ({q['model']}, {q['dtype']}): " + " | ".join(cells))
     for name, payload in (s.get("embedded") or {}).items():
+        if name == "gpu_compile":  # its line is above
+            continue
         lines.append(embedded_line(name, payload) if payload else f"{name}: no result")
     print("\n".join(lines), flush=True)
 
@@ -303,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--stages", default=None)
     s.add_argument("--spec", default=None, help="the spec bench's JSON (embedded in summary.json)")
     s.add_argument("--quant", default=None, help="the quant bench's JSON (embedded in summary.json)")
+    s.add_argument("--gpu-compile", default=None,
+                   help="jaxinfer-bench gpu-compile's JSON (counts per target; embedded whole in summary.json)")
     s.add_argument("--embed", nargs="*", default=[], metavar="NAME=FILE",
                    help="other bench JSONs to embed whole (the device tool returns few files)")
     args = p.parse_args(argv)
@@ -318,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         embed = dict(item.split("=", 1) for item in args.embed)
         summarize(Path(args.out_dir), Path(args.stages) if args.stages else None,
                   Path(args.spec) if args.spec else None, Path(args.quant) if args.quant else None,
-                  {k: Path(v) for k, v in embed.items()})
+                  {k: Path(v) for k, v in embed.items()}, Path(args.gpu_compile) if args.gpu_compile else None)
     return 0
 
 

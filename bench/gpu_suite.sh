@@ -5,8 +5,17 @@
 #   OUT=/some/dir bash bench/gpu_suite.sh                 # on the GPU machine ($OUT is set there)
 #   JAXINFER_SUITE_SMOKE=1 OUT=/tmp/s bash bench/gpu_suite.sh   # CPU smoke check: tiny shapes, tiny model
 #
-# Stages, in priority order; each under `timeout`, a failure is recorded and the next stage runs; a stage
-# whose time no longer fits in the overall budget (JAXINFER_SUITE_BUDGET_S, default 540 s) is skipped:
+# Python 3.11 + jax 0.10.2 (the project's .venv) and Python 3.12 + jax 0.11.2 (the GPU machine's image: cuda13
+# plugin, torch 2.11) and 0.12 all run it; no stage imports torch or transformers (only `jaxinfer-bench compare`,
+# which the suite does not run, does).
+#
+# Stages, in this order; each under `timeout`, a failure is recorded and the next stage runs; a stage whose time
+# no longer fits in the overall budget (JAXINFER_SUITE_BUDGET_S, default 540 s) is skipped:
+#   0. gpu_compile   `jaxinfer-bench gpu-compile --targets h200 --quick --layers 1`: the attention and matmul
+#                    Pallas kernels, one-layer engine steps and a Mosaic GPU kernel compiled deviceless for sm_90
+#                    (CPU as jax's platform, ptxas's register / spill report), as on a machine without a GPU;
+#                    verdicts ok / refused / failed / spills / over-limit. Without jax's CUDA plugin or ptxas it
+#                    exits 2 (recorded as failed) and the suite goes on
 #   1. ceilings      machine info, device-to-device copy GB/s, bf16 matmul TFLOP/s
 #   2. kernel_check  ragged paged attention vs its reference on the device, odd shapes/knobs (not timed)
 #   3. kernel_sweep  `jaxinfer-bench kernels`: correctness, then kernel vs XLA time, % of bandwidth
@@ -23,11 +32,12 @@
 #                    speedup, acceptance and greedy identity
 #  11. phase1        `jaxinfer-bench phase1 --quick` with what is left of the budget (rows that do not fit
 #                    say "skipped" / "timed out")
-#  12. summary       summary.json (embedding the JSON of stages 5-8, 10, 11) and the compact table printed last
+#  12. summary       summary.json (embedding the JSON of stages 0, 5-8, 10, 11) and the compact table printed
+#                    last (gpu_compile: the count of each verdict per target)
 # On the device machine, one call: `OUT=$OUT bash bench/gpu_suite.sh` with a timeout_s of about 590.
 # $OUT receives at most 8 files (the device tool's limit): suite.log, summary.json, ceilings.json,
-# kernels_check.json, kernels.json and three latency_*.json (the others stay in the scratch folder and are
-# embedded in summary.json).
+# kernels_check.json, kernels.json and three latency_*.json (the others, gpu_compile.json included, stay in the
+# scratch folder and are embedded in summary.json).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -61,8 +71,8 @@ if [ "$SMOKE" = "1" ]; then
   PHASE1_ARGS=(--tiny --only tensor_parallel moe)
   QUANT_ARGS=(--quick --model "$MODEL_DIR" --agreement-model "$MODEL_DIR" --big-batch 4 --prefill-len 32 --steps 2
               --agreement-tokens 8 --no-llamacpp)
-  LIMITS=(ceilings=60 kernel_check=120 kernel_sweep=150 latency_big_pallas=150 latency_big_xla=90 latency_small=90
-          startup=150 tp=90 moe=90 quant=240 spec=240 phase1=180)
+  LIMITS=(gpu_compile=150 ceilings=60 kernel_check=120 kernel_sweep=150 latency_big_pallas=150 latency_big_xla=90
+          latency_small=90 startup=150 tp=90 moe=90 quant=240 spec=240 phase1=180)
 else
   CEIL_ARGS=(--copy-bytes $((4 << 30)) --matmul-size 8192)
   CHECK_ARGS=(--cases gpu-check --timing off)
@@ -81,7 +91,9 @@ else
   PHASE1_ARGS=(--quick)
   QUANT_ARGS=(--model llama-2-7b --dtype bfloat16 --methods fp8 fp8_w8a16 int8 kv_fp8 --big-batch 64
               --prefill-len 512 --steps 5 --agreement-tokens 32)
-  LIMITS=(ceilings=45 kernel_check=60 kernel_sweep=110 latency_big_pallas=100 startup=150 tp=40 moe=50 quant=150
+  # gpu_compile: 11 compiles, 48 s in smoke mode on 2 busy cores (21 s of CPU); it takes its seconds from the
+  # stages at the end (spec, phase1), which get what is left of the budget
+  LIMITS=(gpu_compile=60 ceilings=45 kernel_check=60 kernel_sweep=110 latency_big_pallas=100 startup=150 tp=40 moe=50 quant=150
           latency_big_xla=70 latency_small=60 spec=100 phase1=200)
 fi
 
@@ -124,6 +136,9 @@ if [ "$SMOKE" = "1" ]; then
   "$PY" -m bench.gpu_suite tiny-model "$MODEL_DIR" >>"$LOG" 2>&1 || echo "tiny model: FAILED" | tee -a "$LOG"
 fi
 
+# deviceless compile check (bench/gpu_compile): CPU as jax's platform, ptxas for sm_90, in a child process
+run_stage gpu_compile "$PY" -m bench.cli gpu-compile --targets h200 --quick --layers 1 \
+  --groups attention matmul engine mosaic --output "$WORK/gpu_compile.json"
 run_stage ceilings "$PY" -m bench.gpu_suite ceilings "${CEIL_ARGS[@]}" --output "$OUT/ceilings.json"
 run_stage kernel_check "$PY" -m bench.cli kernels "${CHECK_ARGS[@]}" --strict --output "$OUT/kernels_check.json"
 run_stage kernel_sweep "$PY" -m bench.cli kernels "${SWEEP_ARGS[@]}" --output "$OUT/kernels.json"
@@ -144,7 +159,7 @@ run_stage phase1 "$PY" -m bench.cli phase1 "${PHASE1_ARGS[@]}" --time-budget-s @
 
 echo "=== summary (t=$(( $(date +%s) - START ))s)" | tee -a "$LOG"
 timeout 60 "$PY" -m bench.gpu_suite summary --out-dir "$OUT" --stages "$STAGES" --spec "$WORK/spec.json" \
-  --quant "$WORK/quant.json" --embed startup="$WORK/startup.json" tp="$WORK/tp.json" moe="$WORK/moe.json" phase1="$WORK/phase1.json" 2>&1 \
+  --gpu-compile "$WORK/gpu_compile.json" --quant "$WORK/quant.json" --embed startup="$WORK/startup.json" tp="$WORK/tp.json" moe="$WORK/moe.json" phase1="$WORK/phase1.json" 2>&1 \
   | tee -a "$LOG"
 echo "total $(( $(date +%s) - START ))s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 rm -rf "$WORK"
