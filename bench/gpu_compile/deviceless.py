@@ -32,7 +32,8 @@ _STDERR_FD = 2
 
 def tools_missing() -> str | None:
     """Why a deviceless compile cannot run in this environment, or None if it can."""
-    if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    plugins = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")  # the cuda12 extra here; the device has 13
+    if importlib.util.find_spec("jax_plugins") is None or not any(importlib.util.find_spec(p) for p in plugins):
         return "the CUDA plugin is not installed (pip install -e '.[gpu-compile]': jax[cuda12-local] and ptxas)"
     if _ptxas() is None:
         return "ptxas is not installed (pip install nvidia-cuda-nvcc-cu12)"

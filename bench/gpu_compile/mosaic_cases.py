@@ -13,9 +13,11 @@ def _build(compiler):
     if compiler.target.compute_capability < 90:
         raise NotImplementedError(f"Mosaic GPU kernels target sm_90 and later; {compiler.target.sm} keeps the "
                                   "Triton kernels")
-    fn, arg_specs, _ = mosaic_probe.mosaic_probe_case()
-    return fn, compiler.place(arg_specs), {}
+    import jax
+
+    fn, arg_specs, _ = mosaic_probe.mosaic_probe_case()  # a plgpu.kernel: jit it to trace and lower it
+    return jax.jit(fn), compiler.place(arg_specs), {}
 
 
 def mosaic_cases() -> list[CompileCase]:
-    return [CompileCase("mosaic", "mosaic-gpu minimal kernel (TMA + wgmma)", _build, quick=True)]
+    return [CompileCase("mosaic", "mosaic-gpu bf16 matmul (TMA pipeline + wgmma)", _build, quick=True)]
