@@ -47,6 +47,7 @@ def _shape(kind: str, tokens: int):
 
 def _step_build(model: str, kind: str, tokens: int, layers: int | None, tp: int, compiler):
     from jaxinfer.model import weights
+    from jaxinfer.model.fused_qkv import fuse_qkv_weights
     from jaxinfer.runner.batch_packing import abstract_batch
     from jaxinfer.runner.model_runner import make_step_fn
 
@@ -56,7 +57,8 @@ def _step_build(model: str, kind: str, tokens: int, layers: int | None, tp: int,
     num_blocks = 1 + PLAN.max_num_seqs * max_blocks
     if tp == 1:
         cache_one = jax.ShapeDtypeStruct((num_blocks, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim), BF16)
-        args = compiler.place((weights.abstract_params(cfg, BF16), [(cache_one, cache_one)] * cfg.num_layers,
+        params = fuse_qkv_weights(weights.abstract_params(cfg, BF16))  # as load_model places them on one GPU
+        args = compiler.place((params, [(cache_one, cache_one)] * cfg.num_layers,
                                abstract_batch(shape, max_blocks)))
         step = make_step_fn(cfg, "pallas", interpret=False)
     else:

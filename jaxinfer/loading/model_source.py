@@ -59,8 +59,10 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
     With a ``mesh`` (tensor / expert parallelism), the checkpoint is validated against it before anything
     is read (``model.sharding_plan.ShardingPlan.create``: a clear ValueError), loaded straight into its shardings and
     placed as the sharded model's params; the returned config is the one the sharded model runs (KV heads
-    replicated up to the device count if fewer). Without one, params sit on the default device (and on a
-    single CPU device an MoE model's experts are unstacked, which XLA:CPU reads in place).
+    replicated up to the device count if fewer). Without one, params sit on the default device (on a
+    single CPU device an MoE model's experts are unstacked, which XLA:CPU reads in place, and the large
+    linear weights held K-major; on one GPU each layer's query, key and value weights become one,
+    ``jaxinfer.model.fused_qkv``).
     ``expert_parallel`` on a dense model is a ValueError, raised before any weight is read.
     ``quant``: a ``jaxinfer.quantization.options.QuantOptions`` (None: load as stored): pre-quantized checkpoints are
     read by its loaders, and its KV scales and quantize-on-load are applied before the params are placed.
@@ -70,6 +72,7 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
     from jaxinfer.cpu import ffi as cpu_ffi
     from jaxinfer.loading import loader
     from jaxinfer.model import moe, weights
+    from jaxinfer.model.fused_qkv import fuse_qkv_weights
     from jaxinfer.model.linear import k_major_linear_weights
     from jaxinfer.quantization import options as quant_setup
 
@@ -106,6 +109,8 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
             params = moe.unstack_experts(params)
         params = k_major_linear_weights(params)  # XLA:CPU's gemv reads [out, in] faster (jaxinfer.model.linear)
         cpu_ffi.available()  # build and register the C++ matvec kernel now: executables loaded from disk call it
+    else:
+        params = fuse_qkv_weights(params)  # one QKV GEMM per layer (jaxinfer.model.fused_qkv)
     return LoadedModel(cfg, params, tokenizer, source, None)
 
 

@@ -5,7 +5,8 @@ Qwen2-MoE, Qwen3-MoE).
 tokens, and per layer writes the new keys and values into the paged cache and attends over it, then returns
 the logits of the tokens named by ``batch.logits_indices`` together with the updated cache. The layer loop
 is unrolled in Python over a list of per-layer param dicts, so every weight and cache buffer is used in
-place. The params layout is declared in ``jaxinfer.model.weights``; every projection goes through
+place. The params layout is declared in ``jaxinfer.model.weights`` (on one GPU the query, key and value
+weights are one, ``jaxinfer.model.fused_qkv``); every projection goes through
 ``jaxinfer.model.linear.linear``; an MoE layer's MLP is ``moe_fn`` (``jaxinfer.model.moe.moe_block`` by default).
 
 The model knows nothing of devices: run under ``jit`` with sharded params and cache, and with ``attn_fn`` /
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config.model import ModelConfig, rope_inv_freq
+from jaxinfer.model.fused_qkv import qkv_projection
 from jaxinfer.model.kv_cache import KVCache, write_kv
 from jaxinfer.model.linear import linear
 from jaxinfer.model.moe import moe_block
@@ -50,9 +52,7 @@ def apply_rope(x_TNH, cos, sin):
 
 def attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelConfig, attn_fn):
     num_tokens = x.shape[0]
-    q = linear(x, lp["wq"])
-    k = linear(x, lp["wk"])
-    v = linear(x, lp["wv"])
+    q, k, v = qkv_projection(lp, x, cfg.q_size, cfg.kv_size, linear)
     if cfg.attention_bias:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
     q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
