@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxinfer.config.engine import EngineConfig
+from jaxinfer.server.options import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N, DEFAULT_REQUEST_CONTEXTS, ServerOptions
 
 DEFAULT_MODEL_NAME = "jaxinfer-default"
 # EngineConfig fields `serve` does not expose as flags (model is the positional argument)
@@ -59,6 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"the name clients pass as 'model' (default: the model argument, or {DEFAULT_MODEL_NAME!r})")
     p.add_argument("--max-waiting-requests", type=int, default=None,
                    help="answer 503 (Retry-After) while this many sequences wait for a slot (default: no limit)")
+    p.add_argument("--strict-fields", action="store_true",
+                   help="refuse unknown request fields with a 400 (default: accept, ignore and log them)")
+    p.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help="the most choices (n) one request may ask for")
+    p.add_argument("--max-request-tokens", type=int, default=None,
+                   help=f"the most tokens one request may generate, n x max_tokens (default: "
+                        f"{DEFAULT_REQUEST_CONTEXTS} x max_model_len)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="the largest request body accepted (413 beyond)")
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests may take to finish")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -71,6 +80,8 @@ def build(args: argparse.Namespace) -> tuple[Any, str]:
     from jaxinfer.server.async_engine import AsyncLLMEngine
     from jaxinfer.server.chat_template import ChatTemplate, load_chat_template
 
+    options = ServerOptions(strict_fields=args.strict_fields, max_n=args.max_n,  # checked before the engine is built
+                            max_request_tokens=args.max_request_tokens, max_body_bytes=args.max_body_bytes)
     engine = AsyncLLMEngine.from_config(engine_config(args), max_waiting_requests=args.max_waiting_requests)
     llm_engine = engine.engine
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
@@ -82,7 +93,8 @@ def build(args: argparse.Namespace) -> tuple[Any, str]:
         bos = tok.decode([tok.bos_token_id], skip_special_tokens=False) if tok and tok.bos_token_id is not None else ""
         eos = tok.decode([tok.eos_token_id], skip_special_tokens=False) if tok and tok.eos_token_id is not None else ""
         chat = ChatTemplate(template, bos, eos)
-    app = build_app(engine, name, api_key=args.api_key, chat_template=chat, model_path=llm_engine.model_source)
+    app = build_app(engine, name, api_key=args.api_key, chat_template=chat, model_path=llm_engine.model_source,
+                    options=options)
     return app, name
 
 

@@ -5,8 +5,13 @@ queued, then starts one engine request per prompt (a request with ``n > 1`` is o
 sequences; choice ``index = prompt_index * n + sample_index``, as OpenAI numbers them). The first output is
 awaited before the HTTP response starts, so a request that fails early (dead engine) still gets its status
 code; later failures of a stream end it with an error event. Streams are server-sent events in OpenAI's
-chunk format ending with ``data: [DONE]``. A client that goes away cancels its requests (their KV blocks are
-freed before the next step).
+chunk format ending with ``data: [DONE]``; with ``stream_options.include_usage`` the last chunk holds the
+usage, and with vLLM's ``continuous_usage_stats`` as well every chunk holds the usage so far. Usage reports
+``prompt_tokens_details.cached_tokens``: the request's prompt tokens served from the prefix cache. A client
+that goes away cancels its requests (their KV blocks are freed before the next step).
+
+Bounds (``ServerOptions``) are checked with the prompts, before anything is queued: ``n`` at most
+``max_n``, and ``n`` times the tokens a sequence may generate at most ``max_request_tokens``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.server.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloadedError
 from jaxinfer.server.chat_template import ChatTemplate
-from jaxinfer.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from jaxinfer.server.options import ServerOptions
+from jaxinfer.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, field_error
 from jaxinfer.server.text_stream import CompletionDeltas
 
 RETRY_AFTER_S = 1
@@ -34,7 +40,7 @@ def engine_error(exc: Exception) -> APIError:
     if isinstance(exc, EngineOverloadedError):
         return APIError(503, str(exc), code="overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, ValueError):
-        return APIError(400, str(exc))
+        return field_error(exc)
     raise exc
 
 
@@ -43,10 +49,12 @@ def sse(payload: Any) -> str:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, chat_template: ChatTemplate | None = None):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, chat_template: ChatTemplate | None = None,
+                 options: ServerOptions = ServerOptions()):
         self.engine = engine
         self.model_name = model_name
         self.chat_template = chat_template
+        self.options = options
         self.tokenizer = engine.tokenizer
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -59,6 +67,7 @@ class OpenAIServing:
         """Validate all prompts, check capacity, then start one engine request per prompt."""
         try:
             validated = [self.engine.validate(p, params) for p in prompts]
+            self._check_bounds(params, validated)
             self.engine.check_capacity(len(prompts))
         except (ValueError, EngineDeadError, EngineOverloadedError) as exc:
             raise engine_error(exc) from None
@@ -67,6 +76,18 @@ class OpenAIServing:
         gens = [self.engine.generate({"prompt_token_ids": ids}, params, f"{rid}-{i}" if len(prompts) > 1 else rid,
                                      arrival_time=arrival) for i, (_, ids) in enumerate(validated)]
         return rid, validated, gens
+
+    def _check_bounds(self, params: SamplingParams, validated: list) -> None:
+        if params.n > self.options.max_n:
+            raise APIError(400, f"n must be <= {self.options.max_n} on this server (--max-n), got {params.n}",
+                           param="n")
+        limit = self.options.request_token_limit(self.engine.max_model_len)
+        for _, ids in validated:
+            per_seq = params.max_tokens if params.max_tokens is not None else self.engine.max_model_len - len(ids)
+            if params.n * per_seq > limit:
+                raise APIError(400, f"n x max_tokens = {params.n} x {per_seq} = {params.n * per_seq} tokens is "
+                                    f"more than one request may generate on this server ({limit}, "
+                                    "--max-request-tokens)", param="max_tokens")
 
     async def _first(self, merged: AsyncIterator) -> tuple[int, RequestOutput]:
         try:
@@ -93,7 +114,7 @@ class OpenAIServing:
             params = req.to_sampling_params()
             prompts = req.prompts()
         except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+            raise field_error(exc) from None
         rid, validated, gens = self._start(prompts, params, "cmpl")
         merged = merge(gens)
         first = await self._first(merged)
@@ -101,52 +122,77 @@ class OpenAIServing:
         if req.stream:
             return self._stream_completions(req, params, rid, created, validated, merged, first)
         finals = await collect(merged, first, len(gens), raw_request)
-        choices, n_prompt, n_out = [], 0, 0
+        choices, n_prompt, n_out, n_cached = [], 0, 0, 0
         for i, out in enumerate(finals):
             prompt_text = self._prompt_text(validated[i][0], out.prompt_token_ids) if req.echo else ""
             n_prompt += len(out.prompt_token_ids)
+            n_cached += out.num_cached_tokens
             for c in out.outputs:
-                n_out += len(c.token_ids)
-                choice = {"index": i * params.n + c.index, "text": prompt_text + c.text,
-                          "logprobs": self._completion_logprobs(c.token_ids, c.logprobs, 0)
-                          if req.logprobs is not None else None,
+                ids, lps, text = (([], [], "") if req.scoring_only else (c.token_ids, c.logprobs, c.text))
+                n_out += len(ids)
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs = self._completion_logprobs(ids, lps, len(prompt_text))
+                    if req.echo:
+                        logprobs = _joined(self._prompt_logprobs(out), logprobs)
+                choice = {"index": i * params.n + c.index, "text": prompt_text + text, "logprobs": logprobs,
                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
                 if req.return_token_ids:
-                    choice.update(token_ids=c.token_ids, prompt_token_ids=out.prompt_token_ids)
+                    choice.update(token_ids=ids, prompt_token_ids=out.prompt_token_ids)
                 choices.append(choice)
         return {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                "choices": choices, "usage": _usage(n_prompt, n_out)}
+                "choices": choices, "usage": _usage(n_prompt, n_out, n_cached)}
+
+    def _prompt_logprobs(self, out: RequestOutput) -> dict:
+        """The prompt's part of a completion's ``logprobs`` (``echo`` with ``logprobs``): the first token has
+        none (null), each later one its logprob and the top ones (``RequestOutput.prompt_logprobs``)."""
+        tokens, token_lps, tops, offsets, offset = [], [], [], [], 0
+        for tid, entry in zip(out.prompt_token_ids, out.prompt_logprobs or []):
+            t = self._token_text(tid)
+            tokens.append(t)
+            token_lps.append(None if entry is None else entry[tid].logprob)
+            tops.append(None if entry is None else {self._token_text(k): v.logprob for k, v in entry.items()})
+            offsets.append(offset)
+            offset += len(t)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
     async def _stream_completions(self, req, params, rid, created, validated, merged, first) -> AsyncIterator[str]:
         deltas: dict[tuple[int, int], CompletionDeltas] = {}
         offsets: dict[tuple[int, int], int] = {}
         done: set[tuple[int, int]] = set()
         n_prompt: dict[int, int] = {}
+        n_cached: dict[int, int] = {}
         n_out: dict[tuple[int, int], int] = {}
 
         def choices(item):
             i, out = item
             n_prompt[i] = len(out.prompt_token_ids)
+            n_cached[i] = out.num_cached_tokens
             for c in out.outputs:
                 key = (i, c.index)
                 if key in done:
                     continue
                 tracker = deltas.get(key)
-                prefix = ""
+                prefix, prompt_lps = "", None
                 if tracker is None:
                     tracker = deltas[key] = CompletionDeltas(params.stop)
                     if req.echo:
                         prefix = self._prompt_text(validated[i][0], out.prompt_token_ids)
+                        if req.logprobs is not None:
+                            prompt_lps = self._prompt_logprobs(out)
                     offsets[key] = len(prefix)
                 text, ids, logprobs = tracker.next(c)
+                if req.scoring_only:
+                    text, ids, logprobs = "", [], []
                 if not (prefix or text or ids or c.finish_reason):
                     continue
-                n_out[key] = len(c.token_ids)
+                n_out[key] = 0 if req.scoring_only else len(c.token_ids)
                 choice = {"index": i * params.n + c.index, "text": prefix + text,
                           "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
                 if req.logprobs is not None:
-                    choice["logprobs"] = self._completion_logprobs(ids, logprobs, offsets[key])
-                    offsets[key] += sum(len(t) for t in choice["logprobs"]["tokens"])
+                    generated = self._completion_logprobs(ids, logprobs, offsets[key])
+                    offsets[key] += sum(len(t) for t in generated["tokens"])
+                    choice["logprobs"] = generated if prompt_lps is None else _joined(prompt_lps, generated)
                 if req.return_token_ids:
                     choice["token_ids"] = ids
                 if c.finish_reason is not None:
@@ -155,7 +201,8 @@ class OpenAIServing:
 
         base = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
         async for event in _sse_stream(req, base, merged, first, choices,
-                                       lambda: _usage(sum(n_prompt.values()), sum(n_out.values()))):
+                                       lambda: _usage(sum(n_prompt.values()), sum(n_out.values()),
+                                                      sum(n_cached.values()))):
             yield event
 
     def _completion_logprobs(self, token_ids: list[int], logprobs: list[dict] | None, offset: int) -> dict:
@@ -185,7 +232,7 @@ class OpenAIServing:
         try:
             params = req.to_sampling_params()
         except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+            raise field_error(exc, req.param_aliases()) from None
         ids = self.render_chat(req.dicts(), req.add_generation_prompt)
         rid, _, gens = self._start([{"prompt_token_ids": ids}], params, "chatcmpl")
         merged = merge(gens)
@@ -206,14 +253,16 @@ class OpenAIServing:
             choices.append(choice)
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
                 "choices": choices,
-                "usage": _usage(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs))}
+                "usage": _usage(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs),
+                                out.num_cached_tokens)}
 
     async def _stream_chat(self, req, params, rid, created, merged, first, top) -> AsyncIterator[str]:
         deltas = {i: CompletionDeltas(params.stop) for i in range(params.n)}
         done: set[int] = set()
-        n_prompt, n_out = len(first[1].prompt_token_ids), {}
+        n_prompt, n_out, n_cached = len(first[1].prompt_token_ids), {}, [first[1].num_cached_tokens]
 
         def choices(item):
+            n_cached[0] = item[1].num_cached_tokens
             for c in item[1].outputs:
                 if c.index in done:
                     continue
@@ -234,7 +283,7 @@ class OpenAIServing:
         opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                    for i in range(params.n)]
         async for event in _sse_stream(req, base, merged, first, choices,
-                                       lambda: _usage(n_prompt, sum(n_out.values())), opening):
+                                       lambda: _usage(n_prompt, sum(n_out.values()), n_cached[0]), opening):
             yield event
 
     def _chat_logprobs(self, token_ids: list[int], logprobs: list[dict] | None, top: int) -> list[dict]:
@@ -255,14 +304,18 @@ async def _sse_stream(req, base: dict, merged, first, choices, usage, opening=()
     """The server-sent events of a stream: the ``opening`` choices, then one chunk per choice that
     ``choices(item)`` yields for each merged engine output (``first``, then ``merged``'s), an engine error as a
     final error event, the usage chunk if asked for (``usage()``), and ``[DONE]``."""
-    usage_field = {"usage": None} if req.include_usage else {}
+    def usage_field():  # the usage so far on every chunk (continuous_usage_stats), else null, or nothing
+        if req.continuous_usage:
+            return {"usage": usage()}
+        return {"usage": None} if req.include_usage else {}
+
     try:
         for choice in opening:
-            yield sse({**base, "choices": [choice], **usage_field})
+            yield sse({**base, "choices": [choice], **usage_field()})
         item = first
         while item is not None:
             for choice in choices(item):
-                yield sse({**base, "choices": [choice], **usage_field})
+                yield sse({**base, "choices": [choice], **usage_field()})
             item = await anext_or_none(merged)
     except (EngineDeadError, ValueError) as exc:
         yield sse(engine_error(exc).body())
@@ -272,8 +325,15 @@ async def _sse_stream(req, base: dict, merged, first, choices, usage, opening=()
         yield sse({**base, "choices": [], "usage": usage()})
     yield "data: [DONE]\n\n"
 
-def _usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _usage(prompt: int, completion: int, cached: int = 0) -> dict:
+    """OpenAI's usage; ``cached``: prompt tokens served from the prefix cache."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _joined(first: dict, second: dict) -> dict:
+    """Two completion ``logprobs`` blocks, one after the other."""
+    return {k: first[k] + second[k] for k in first}
 
 
 async def anext_or_none(it: AsyncIterator):
