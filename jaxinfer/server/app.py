@@ -2,7 +2,7 @@
 
 ``build_app(engine, model_name, ...)`` returns an ASGI app; the engine thread starts with the app's lifespan
 and stops with it. Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses``
-and ``GET /v1/responses/{id}`` (``jaxinfer.server.responses``), ``GET /v1/models``, ``GET /v1/models/{id}``,
+``GET`` / ``DELETE /v1/responses/{id}`` (``jaxinfer.server.responses``), ``GET /v1/models``, ``GET /v1/models/{id}``,
 ``POST /tokenize``, ``POST /detokenize`` (these need the API key when one is set: ``Authorization:
 Bearer KEY``), ``GET /health`` (200, or 503 once the engine is dead), ``GET /version``, ``GET /metrics``.
 Every error, unknown routes (404) and wrong methods (405) included, is OpenAI's error JSON with its status

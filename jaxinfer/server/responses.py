@@ -102,7 +102,7 @@ class ResponsesServing:
         key = rid.split("-", 1)[1]
         turn = _Turn(req, params, f"resp_{key}", f"msg_{key}", int(time.time()), conversation)
         merged = merge(gens)
-        first = await self.serving._first(merged)
+        first = await self.serving.first_output(merged)
         if req.stream:
             return self._stream(turn, merged, first)
         (out,) = await collect(merged, first, 1, raw_request)
@@ -132,7 +132,7 @@ class ResponsesServing:
     def _start(self, ids: list[int], params: SamplingParams, aliases: dict[str, str]):
         """One engine request; a refusal's ``param`` is named as this request names it."""
         try:
-            rid, _, gens = self.serving._start([{"prompt_token_ids": ids}], params, "resp")
+            rid, _, gens = self.serving.start([{"prompt_token_ids": ids}], params, "resp")
         except APIError as exc:
             raise _renamed(exc, aliases) from None
         return rid, gens
@@ -151,7 +151,7 @@ class ResponsesServing:
     def _logprobs(self, turn: _Turn, token_ids: list[int], logprobs: list | None) -> list[dict]:
         if not turn.req.wants_logprobs:
             return []
-        return self.serving._chat_logprobs(token_ids, logprobs, turn.req.top)
+        return self.serving.chat_logprobs(token_ids, logprobs, turn.req.top)
 
     # ------------------------------------------------------------------------------------------- objects
     def _response(self, turn: _Turn, status: str, output: list[dict], usage: dict | None,

@@ -63,7 +63,7 @@ class OpenAIServing:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    def _start(self, prompts: list[Any], params: SamplingParams, prefix: str) -> tuple[str, list, list]:
+    def start(self, prompts: list[Any], params: SamplingParams, prefix: str) -> tuple[str, list, list]:
         """Validate all prompts, check capacity, then start one engine request per prompt."""
         try:
             validated = [self.engine.validate(p, params) for p in prompts]
@@ -89,7 +89,7 @@ class OpenAIServing:
                                     f"more than one request may generate on this server ({limit}, "
                                     "--max-request-tokens)", param="max_tokens")
 
-    async def _first(self, merged: AsyncIterator) -> tuple[int, RequestOutput]:
+    async def first_output(self, merged: AsyncIterator) -> tuple[int, RequestOutput]:
         try:
             return await merged.__anext__()
         except (ValueError, EngineDeadError, EngineOverloadedError) as exc:
@@ -115,9 +115,9 @@ class OpenAIServing:
             prompts = req.prompts()
         except ValueError as exc:
             raise field_error(exc) from None
-        rid, validated, gens = self._start(prompts, params, "cmpl")
+        rid, validated, gens = self.start(prompts, params, "cmpl")
         merged = merge(gens)
-        first = await self._first(merged)
+        first = await self.first_output(merged)
         created = int(time.time())
         if req.stream:
             return self._stream_completions(req, params, rid, created, validated, merged, first)
@@ -234,9 +234,9 @@ class OpenAIServing:
         except ValueError as exc:
             raise field_error(exc, req.param_aliases()) from None
         ids = self.render_chat(req.dicts(), req.add_generation_prompt)
-        rid, _, gens = self._start([{"prompt_token_ids": ids}], params, "chatcmpl")
+        rid, _, gens = self.start([{"prompt_token_ids": ids}], params, "chatcmpl")
         merged = merge(gens)
-        first = await self._first(merged)
+        first = await self.first_output(merged)
         created = int(time.time())
         top = req.top_logprobs or 0
         if req.stream:
@@ -245,7 +245,7 @@ class OpenAIServing:
         choices = []
         for c in out.outputs:
             choice = {"index": c.index, "message": {"role": "assistant", "content": c.text},
-                      "logprobs": {"content": self._chat_logprobs(c.token_ids, c.logprobs, top)}
+                      "logprobs": {"content": self.chat_logprobs(c.token_ids, c.logprobs, top)}
                       if req.logprobs else None,
                       "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
             if req.return_token_ids:
@@ -271,7 +271,7 @@ class OpenAIServing:
                     continue
                 n_out[c.index] = len(c.token_ids)
                 choice = {"index": c.index, "delta": {"content": text} if text else {},
-                          "logprobs": {"content": self._chat_logprobs(ids, logprobs, top)} if req.logprobs
+                          "logprobs": {"content": self.chat_logprobs(ids, logprobs, top)} if req.logprobs
                           else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
                 if req.return_token_ids:
                     choice["token_ids"] = ids
@@ -286,7 +286,7 @@ class OpenAIServing:
                                        lambda: _usage(n_prompt, sum(n_out.values()), n_cached[0]), opening):
             yield event
 
-    def _chat_logprobs(self, token_ids: list[int], logprobs: list[dict] | None, top: int) -> list[dict]:
+    def chat_logprobs(self, token_ids: list[int], logprobs: list[dict] | None, top: int) -> list[dict]:
         content = []
         for tid, entry in zip(token_ids, logprobs or []):
             best = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
