@@ -25,6 +25,7 @@ EXPERIMENTS = {
     "moe": "bench.moe",
     "quant": "bench.quant",
     "gpu-compile": "bench.gpu_compile.cli",
+    "clients": "bench.clients.cli",
 }
 
 
