@@ -21,6 +21,7 @@ _PUBLIC = {  # name -> the module that defines it
     "RequestOutput": "jaxinfer.outputs",
     "CompletionOutput": "jaxinfer.outputs",
     "RequestMetrics": "jaxinfer.outputs",
+    "Logprob": "jaxinfer.outputs",
 }
 __all__ = list(_PUBLIC)
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from jaxinfer.config.engine import EngineConfig
     from jaxinfer.llm import LLM
     from jaxinfer.llm_engine import LLMEngine
-    from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
     from jaxinfer.sampling_params import SamplingParams
 
 

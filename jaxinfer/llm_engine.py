@@ -5,7 +5,8 @@ The engine is the composition root: it loads the model (``loading``), sizes the 
 speculation (``spec_decode``) and the output processor (``core.output_processor``), and compiles the shape
 plan before it returns. Every request is validated completely in ``add_request`` before anything is queued
 (``core.request_io``), so a bad request is refused with a ``ValueError`` and the engine keeps serving everyone
-else. A request with ``n > 1`` becomes ``n`` sequences that share its prompt.
+else. A request with ``n > 1`` becomes ``n`` sequences that share its prompt (and, with ``prompt_logprobs``, the
+one dict its prompt logprobs are gathered in: computed once per request, see ``core.sequence``).
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ class LLMEngine:
             draft_q_shape=(spec.num_speculative_tokens, self._plan("all").seq_buckets[-1]) if draft_model else None,
         )
         self.speculator = self._make_speculator(spec, options) if spec is not None else None
-        self.output_processor = OutputProcessor(self.scheduler, self.eos_token_ids, self.max_model_len)
+        self.output_processor = OutputProcessor(self.scheduler, self.eos_token_ids, self.max_model_len,
+                                                tokenizer=self.tokenizer)
         self._seq_ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
         self.num_steps = 0
@@ -207,12 +209,14 @@ class LLMEngine:
         text, ids = self.validate_request(prompt, params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs = []
+        prompt_logprobs = {} if params.prompt_logprobs is not None else None  # shared by the n sequences
         for i in range(params.n):
             if params.seed is not None:
                 seed = (params.seed * 1_000_003 + i) % 2**32
             else:
                 seed = int(self._seed_rng.integers(0, 2**32))
             seq = Sequence(next(self._seq_ids), request_id, i, ids, params, seed, arrival, priority, cache_salt)
+            seq.prompt_logprobs = prompt_logprobs
             if self.tokenizer is not None:
                 seq.detokenizer = IncrementalDetokenizer(
                     self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens
@@ -256,15 +260,17 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        emitted = self._execute(plan.scheduled)
+        result = self._execute(plan.scheduled)
         self.num_steps += 1
-        outputs = self.output_processor.update(plan.scheduled, emitted, time.monotonic())
+        outputs = self.output_processor.update(plan.scheduled, result.tokens, time.monotonic(),
+                                               prompt_logprobs=result.prompt_logprobs)
         if self.speculator is not None:
-            self.speculator.after_step(plan.scheduled, emitted, self._compile_events + len(self._watch.names))
+            self.speculator.after_step(plan.scheduled, result.tokens, self._compile_events + len(self._watch.names))
         return outputs
 
-    def _execute(self, scheduled: list) -> dict:
-        """Run the scheduled work on the device: seq_id -> the tokens each sequence emits."""
+    def _execute(self, scheduled: list):
+        """Run the scheduled work on the device: a ``runner.model_runner.StepOutput`` (seq_id -> the tokens each
+        sequence emits, and the prompt logprobs it computed)."""
         num_steps = burst_length(scheduled, self.config.num_scheduler_steps, self.max_model_len,
                                  self.block_manager)
         if num_steps > 1:

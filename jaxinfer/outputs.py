@@ -1,8 +1,24 @@
-"""What the engine returns: vLLM's RequestOutput / CompletionOutput, plus per-request timing metrics."""
+"""What the engine returns: vLLM's RequestOutput / CompletionOutput, plus per-request timing metrics.
+
+``RequestOutput.prompt_logprobs`` (asked with ``SamplingParams(prompt_logprobs=k)``) holds one entry per prompt
+token: None for the first (nothing precedes it), then ``{token_id: Logprob}`` with the prompt token itself
+(first) and the k most probable tokens of the model's distribution at the previous position — the raw
+log-softmax, before temperature or penalties. The sampled tokens' ``CompletionOutput.logprobs`` stay plain
+``{token_id: logprob}`` floats.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Logprob:
+    """One token's entry in ``RequestOutput.prompt_logprobs`` (vLLM's shape)."""
+
+    logprob: float  # log-softmax of the raw logits (float32)
+    rank: int  # 1 + the number of vocabulary tokens strictly more probable (1 = most likely)
+    decoded_token: str | None = None  # the token's text (None: the model has no tokenizer)
 
 
 @dataclasses.dataclass
@@ -41,3 +57,5 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    # None unless SamplingParams.prompt_logprobs was set; else one entry per prompt token (see the module doc)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

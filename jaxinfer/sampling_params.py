@@ -2,12 +2,19 @@
 
 Everything is validated at construction, so a request that cannot be honoured is refused before it is
 queued. Host side: no JAX.
+
+``logprobs=k`` returns, per generated token, its logprob and the k most probable tokens';
+``prompt_logprobs=k`` the same for every prompt token after the first (``RequestOutput.prompt_logprobs``;
+such a request computes its whole prompt: the prefix cache holds K/V, not logits). Both are at most
+``MAX_LOGPROBS`` and both read the raw model distribution.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+MAX_LOGPROBS = 20  # the most top logprobs ``logprobs`` and ``prompt_logprobs`` may ask for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +35,7 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # number of top logprobs besides the sampled token's
+    prompt_logprobs: int | None = None  # top logprobs besides the prompt token's, at every prompt position
     skip_special_tokens: bool = True
 
     def __post_init__(self):
@@ -47,7 +55,9 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, lo=0, hi=20)
+            _check_int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_LOGPROBS)
         stop = self.stop
         if stop is None:
             stop = ()

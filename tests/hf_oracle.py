@@ -128,6 +128,12 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
     return _dispatch("hf_logits", model=model, ids=[int(i) for i in ids])
 
 
+def hf_log_softmax(model, ids: list[int]) -> np.ndarray:
+    """Per-position ``log_softmax`` [len(ids), vocab] (float64, from float32 logits) of one forward pass over
+    ``ids``: row i is the distribution of the token after ``ids[i]`` (prompt logprobs read row i - 1)."""
+    return _dispatch("hf_log_softmax", model=model, ids=[int(i) for i in ids])
+
+
 def hf_greedy(model, ids: list[int], num_tokens: int) -> tuple[list[int], list[float]]:
     """Greedy decoding by full forward passes (no HF cache): tokens and their logprobs."""
     tokens, lps = _dispatch("hf_greedy", model=model, ids=[int(i) for i in ids], num_tokens=int(num_tokens))
@@ -359,6 +365,13 @@ def _hf_logits(model, ids):
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
+def _hf_log_softmax(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1).numpy()
+
+
 def _hf_greedy(model, ids, num_tokens):
     import torch
 
@@ -384,7 +397,7 @@ def _versions():
 
 _OPS = {"build_checkpoint": _build_checkpoint, "write_random_checkpoint": _write_random_checkpoint,
         "count_parameters": _count_parameters, "load_hf": _load_hf, "num_parameters": _num_parameters,
-        "hf_logits": _hf_logits, "hf_greedy": _hf_greedy, "versions": _versions}
+        "hf_logits": _hf_logits, "hf_log_softmax": _hf_log_softmax, "hf_greedy": _hf_greedy, "versions": _versions}
 
 
 # ================================================================== the server side of remote mode

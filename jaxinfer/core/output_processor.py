@@ -5,6 +5,11 @@ it emitted are appended through the stop conditions (``request_io.append_token``
 many tokens now have K/V (accepted speculative tokens included, rejected ones not) and which sequences
 finished, and every request that emitted a token gets a ``RequestOutput``. It also owns the table of live
 requests (added when validated, dropped when finished or aborted).
+
+Prompt logprobs computed in a step (rows with ``index``, ``token_id``, ``logprob``, ``rank`` and ``top``) become
+``{token_id: Logprob}`` entries of the sequence's shared ``prompt_logprobs`` dict, the prompt token first; an
+index that already has its entry (another sample of the request computed it, or the sequence did before a
+preemption) keeps the first one.
 """
 
 from __future__ import annotations
@@ -12,14 +17,31 @@ from __future__ import annotations
 from typing import Iterable
 
 from jaxinfer.core import request_io
-from jaxinfer.outputs import RequestOutput
+from jaxinfer.outputs import Logprob, RequestOutput
+
+
+class TokenTexts:
+    """Each token id's text (``decoded_token`` of a ``Logprob``), decoded once; None without a tokenizer."""
+
+    def __init__(self, tokenizer=None):
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
 
 
 class OutputProcessor:
-    def __init__(self, scheduler, eos_token_ids: tuple[int, ...], max_model_len: int):
+    def __init__(self, scheduler, eos_token_ids: tuple[int, ...], max_model_len: int, tokenizer=None):
         self.scheduler = scheduler
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.token_text = TokenTexts(tokenizer)
         self.requests: dict[str, request_io.EngineRequest] = {}
 
     def add(self, req: request_io.EngineRequest) -> None:
@@ -38,13 +60,15 @@ class OutputProcessor:
                     seq.finish_reason = "abort"
                     self.scheduler.remove(seq)
 
-    def update(self, scheduled: list, emitted: dict[int, list], now: float) -> list[RequestOutput]:
+    def update(self, scheduled: list, emitted: dict[int, list], now: float,
+               prompt_logprobs: dict[int, list] | None = None) -> list[RequestOutput]:
         """Apply one step: ``scheduled`` the plan's ``ScheduledSeq``s, ``emitted`` seq_id -> the tokens it
-        emitted (objects with ``token_id``, ``logprob``, ``top_logprobs``). Returns the outputs of the requests
-        that emitted tokens."""
+        emitted (objects with ``token_id``, ``logprob``, ``top_logprobs``), ``prompt_logprobs`` seq_id -> the
+        prompt logprob rows it computed. Returns the outputs of the requests that emitted tokens."""
         touched: dict[str, request_io.EngineRequest] = {}
         for s in scheduled:
             seq = s.seq
+            self._add_prompt_logprobs(seq, (prompt_logprobs or {}).get(seq.seq_id, ()))
             req = self.requests[seq.request_id]
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = seq.first_scheduled_time
@@ -70,3 +94,14 @@ class OutputProcessor:
                 self.requests.pop(req.request_id, None)
             outputs.append(request_io.make_output(req))
         return outputs
+
+    def _add_prompt_logprobs(self, seq, rows) -> None:
+        """Store each row as the entry of its prompt index, unless that index has one already."""
+        for row in rows:
+            if row.index in seq.prompt_logprobs:
+                continue
+            entry = {row.token_id: Logprob(row.logprob, row.rank, self.token_text(row.token_id))}
+            for token_id, logprob, rank in row.top:
+                if token_id not in entry:
+                    entry[token_id] = Logprob(logprob, rank, self.token_text(token_id))
+            seq.prompt_logprobs[row.index] = entry

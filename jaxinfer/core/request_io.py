@@ -179,4 +179,15 @@ def make_output(req: EngineRequest) -> RequestOutput:
         finished=req.finished,
         metrics=req.metrics,
         num_cached_tokens=req.metrics.num_cached_tokens,
+        prompt_logprobs=prompt_logprobs_list(req),
     )
+
+
+def prompt_logprobs_list(req: EngineRequest) -> list | None:
+    """``RequestOutput.prompt_logprobs``: None unless asked; else None for the first prompt token, then each
+    later token's entry (complete once a token was generated: a sequence computes its whole prompt, or finds
+    every entry there, before it samples)."""
+    if req.params.prompt_logprobs is None:
+        return None
+    entries = req.seqs[0].prompt_logprobs
+    return [None] + [entries.get(i) for i in range(1, len(req.prompt_token_ids))]

@@ -9,6 +9,10 @@ none is free, the scheduler preempts by recompute: the victim (lowest priority, 
 its blocks and goes back to the front of the waiting queue, keeping its generated tokens.
 ``batching="static"`` is the baseline: a batch is admitted only when nothing runs, and only once
 ``max_num_seqs`` sequences wait or the oldest has waited ``static_batch_timeout_s``.
+
+A sequence that still needs prompt logprobs (``Sequence.needs_prompt_logprobs``) is admitted without prefix-cache
+hits: the cache holds K/V, not the logits those positions must give. A step that computes such positions
+carries no draft tokens, like a step with a prefill chunk.
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ class ScheduledSeq:
     def __post_init__(self):
         real = self.num_new_tokens - self.num_spec_tokens
         self.samples = self.seq.num_computed_tokens + real == self.seq.num_tokens
+
+    @property
+    def prompt_logprob_positions(self) -> list[int]:
+        """Positions computed in this step whose logits give a prompt logprob still missing."""
+        real = self.num_new_tokens - self.num_spec_tokens
+        return self.seq.prompt_logprob_positions(self.seq.num_computed_tokens, real)
 
 
 @dataclasses.dataclass
@@ -155,7 +165,8 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs or seq in preempted:
                 break
-            cached = self.blocks.find_cached_prefix(seq)
+            bypass = seq.needs_prompt_logprobs  # every prompt position must give its logits
+            cached = self._cached_prefix(seq, bypass)
             if self.blocks.waits_for_pending(seq, len(cached)):
                 continue  # another sequence is computing this prefix right now: hit its blocks next step
             num_cached = len(cached) * self.blocks.block_size
@@ -168,7 +179,8 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = self.clock()
                 seq.num_cached_tokens = num_cached
-                self.blocks.record_query(seq, num_cached)
+                if not bypass:
+                    self.blocks.record_query(seq, num_cached)
             seq.num_computed_tokens = num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -179,12 +191,21 @@ class Scheduler:
             self.waiting.remove(seq)
         return SchedulerOutput(self._drop_drafts_beside_prefill(scheduled), preempted)
 
+    def _cached_prefix(self, seq: Sequence, bypass: bool) -> list[int]:
+        """The prefix-cache blocks ``seq`` is admitted with: none when it ``bypass``es the cache (its block hashes
+        are still computed, so that its blocks enter the cache and others can wait for them)."""
+        if not bypass:
+            return self.blocks.find_cached_prefix(seq)
+        self.blocks.update_hashes(seq)
+        return []
+
     @staticmethod
     def _drop_drafts_beside_prefill(scheduled: list[ScheduledSeq]) -> list[ScheduledSeq]:
-        """A step that computes a prefill chunk carries no draft tokens: such a step's time is mostly the
-        prefill's, and keeping verification out of it keeps one logits row per sequence (a small, fixed
-        set of compiled step shapes). The drafts' blocks are released after the step as usual."""
-        if not any(s.num_new_tokens - s.num_spec_tokens > 1 for s in scheduled):
+        """A step that computes a prefill chunk (or prompt logprobs) carries no draft tokens: such a step's
+        time is mostly the prefill's, and keeping verification out of it keeps one logits row per sequence
+        (a small, fixed set of compiled step shapes). The drafts' blocks are released after the step as
+        usual."""
+        if not any(s.num_new_tokens - s.num_spec_tokens > 1 or s.prompt_logprob_positions for s in scheduled):
             return scheduled
         return [ScheduledSeq(s.seq, s.num_new_tokens - s.num_spec_tokens) if s.num_spec_tokens else s
                 for s in scheduled]

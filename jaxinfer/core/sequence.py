@@ -3,6 +3,11 @@
 A sequence's tokens are its prompt followed by what it generated so far; ``num_computed_tokens`` says how
 many of them have their K/V in the cache. Scheduling is nothing but moving that counter forward (a prefill
 chunk, one decode token, or a token plus speculative guesses) and backward (preemption resets it to 0).
+
+A request with ``prompt_logprobs`` gives its ``n`` sequences one shared ``prompt_logprobs`` dict, filled by
+whichever of them computes a prompt position first: the logits at position ``p`` give the entry of prompt
+token ``p + 1``. Until it is complete a sequence computes its whole prompt (no prefix-cache hits: the cache
+holds K/V, not logits); once complete, the entries are never computed again (preemption, the other samples).
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens that the prefix cache supplied at first admission
         self.num_preemptions = 0
         self.logprobs: list[dict[int, float]] = []
+        # prompt token index (1 .. num_prompt_tokens - 1) -> its entry ({token_id: Logprob}); None: not asked.
+        # The engine sets one dict shared by all the request's sequences.
+        self.prompt_logprobs: dict[int, dict] | None = None
         self.cumulative_logprob = 0.0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -71,6 +79,20 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs were asked for and some prompt token has no entry yet."""
+        d = self.prompt_logprobs
+        return d is not None and len(d) < self.num_prompt_tokens - 1
+
+    def prompt_logprob_positions(self, start: int, num_tokens: int) -> list[int]:
+        """The positions among ``start .. start + num_tokens - 1`` whose logits give a missing prompt logprob
+        (that of the prompt token right after each)."""
+        if not self.needs_prompt_logprobs:
+            return []
+        end = min(start + num_tokens, self.num_prompt_tokens - 1)
+        return [p for p in range(start, end) if p + 1 not in self.prompt_logprobs]
 
     @property
     def can_choose_ahead(self) -> bool:

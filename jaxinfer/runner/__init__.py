@@ -19,7 +19,9 @@ Life of a step, from ``LLM.generate`` to the attention kernel::
             ModelRunner.run_step          runner/model_runner.py
               ShapePlan.shape_for         runner/shape_plan.py       the planned shape that fits
               batch_packing.pack          runner/batch_packing.py    -> model/step_batch.StepBatch (numpy)
-              Executables.get(("step", shape))  runner/executables.py   compiled at start
+              Executables.get(("step", shape))  runner/executables.py   compiled at start (("prompt_step", shape)
+                                                                     when prompt logprobs are computed:
+                                                                     ModelRunner.run_prompt_step)
               step(params, kv_cache, batch)     make_step_fn, cache donated
                 decoder.forward           model/decoder.py           embed, layers, final norm, LM head
                   linear                  model/linear.py            XLA dot, cpu/ffi matvec/gemm, or a

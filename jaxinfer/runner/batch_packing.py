@@ -2,9 +2,11 @@
 
 A work item is one sequence's contribution to a step: its block ids, the position of its first new token,
 the new tokens, and how many of its trailing positions need logits (1 for a normal step, 1 + k when k
-speculative tokens are verified, 0 for a prefill chunk that does not reach the end of the prompt).
+speculative tokens are verified, 0 for a prefill chunk that does not reach the end of the prompt) and, for
+prompt logprobs, the prompt token each of its positions is to score (``prompt_targets``).
 ``pack`` lays items out in a planned ``StepShape`` (see ``jaxinfer.runner.shape_plan``), with block tables at the
-runner's full width; ``abstract_batch`` describes that layout for compiling ahead of the data.
+runner's full width; ``abstract_batch`` describes that layout for compiling ahead of the data;
+``pack_prompt_targets`` lays the targets out beside it, one per flat token.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class WorkItem:
     start: int  # position of tokens[0]
     tokens: list[int]
     num_logits: int  # trailing positions whose logits are returned
+    # per token: the prompt token whose logprob its logits give (-1: none); None: no prompt logprobs
+    prompt_targets: list[int] | None = None
 
 
 def pack(items: list[WorkItem], block_size: int, shape: StepShape, max_blocks: int):
@@ -58,6 +62,17 @@ def pack(items: list[WorkItem], block_size: int, shape: StepShape, max_blocks: i
     cu_q_lens[len(items) + 1 :] = t
     batch = StepBatch(token_ids, positions, slot_mapping, block_tables, cu_q_lens, kv_lens, logits_indices)
     return batch, starts  # numpy: the compiled step transfers its arguments far faster than device_put
+
+
+def pack_prompt_targets(items: list[WorkItem], num_tokens: int) -> np.ndarray:
+    """[T] i32: each flat token's prompt target in ``pack``'s layout (-1 for none and for padding)."""
+    targets = np.full(num_tokens, -1, np.int32)
+    t = 0
+    for w in items:
+        if w.prompt_targets is not None:
+            targets[t : t + len(w.tokens)] = w.prompt_targets
+        t += len(w.tokens)
+    return targets
 
 
 def abstract_batch(shape: StepShape, max_blocks: int, sharding=None) -> StepBatch:

@@ -7,8 +7,14 @@ or verifying speculative tokens — in one more compiled call, and returns them 
 
 ``execute_multistep`` runs several decode steps of a decode-only batch in one call (``jaxinfer.runner.multistep``).
 
-Every executable is keyed (``("step", StepShape)``, ``("tokens", rows, SamplerVariant)``, ``("multistep",
-StepShape, SamplerVariant)``, ...) and held by
+Prompt logprobs: a step that computes prompt positions still missing their logprobs runs the prompt-logprobs
+variant of a mixed step (``("prompt_step", StepShape)``, ``ShapePlan.prompt_step_shapes``, compiled at start
+like the rest): it computes the logits of every token, scores each position's next prompt token on device
+(``sampler.prompt_logprobs``: its logprob and rank, and the top ``MAX_LOGPROBS``) and hands the token chooser
+the usual rows, so only [T, MAX_LOGPROBS] comes back to the host, never [T, V].
+
+Every executable is keyed (``("step", StepShape)``, ``("prompt_step", StepShape)``, ``("tokens", rows,
+SamplerVariant)``, ``("multistep", StepShape, SamplerVariant)``, ...) and held by
 ``jaxinfer.runner.executables.Executables``, which compiles the whole plan at start (``plan_keys``) or on first use.
 """
 
@@ -29,7 +35,7 @@ from jaxinfer.model.decoder import forward
 from jaxinfer.model.kv_cache import allocate_kv_cache
 from jaxinfer.model.linear import with_cpu_kernels
 from jaxinfer.model.moe import moe_block
-from jaxinfer.runner.batch_packing import WorkItem, abstract_batch, pack
+from jaxinfer.runner.batch_packing import WorkItem, abstract_batch, pack, pack_prompt_targets
 from jaxinfer.runner.compile_cache import ExecutableCache
 from jaxinfer.runner.executables import Entry, Executables, abstract
 from jaxinfer.runner.multihost import Channel, host_values, unpack_arrays
@@ -37,8 +43,7 @@ from jaxinfer.runner.multistep import make_multistep_fn
 from jaxinfer.runner.shape_plan import SamplerVariant, ShapePlan, StepShape
 from jaxinfer.sample import rejection_sampler
 from jaxinfer.sample import sampler as sampler_lib
-
-MAX_LOGPROBS = 20  # SamplingParams.logprobs is at most this; the logprobs variants return this many
+from jaxinfer.sampling_params import MAX_LOGPROBS  # the logprobs variants return this many (or the vocabulary)
 FIRST_RUN_MAX_TOKENS = 256  # warm-up executes the step shapes up to this many tokens once
 
 
@@ -51,6 +56,34 @@ def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bo
     ``sharding_plan`` (tensor / expert parallelism) attention and MoE layers run per device under
     ``shard_map`` and XLA partitions the rest from the params' shardings; the logits come back replicated.
     """
+    step = _step_body(cfg, attention_backend, interpret, sharding_plan)
+    out = None if sharding_plan is None else (sharding_plan.logits_sharding, sharding_plan.kv_cache_sharding)
+    return jax.jit(step, donate_argnames="kv_cache", static_argnames=("query_width",), out_shardings=out)
+
+
+def make_prompt_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bool | None = None,
+                        sharding_plan=None, num_logprobs: int = MAX_LOGPROBS):
+    """The jitted prompt-logprobs step ``prompt_step(params, kv_cache, batch, targets, query_width) -> (logits,
+    PromptLogprobs, kv_cache)``: ``make_step_fn``'s step computing the logits of every token of ``batch``.
+    ``logits`` are the rows of ``batch.logits_indices`` (what the token chooser samples, as from the plain
+    step); ``PromptLogprobs`` [T] score ``targets`` [T] (each flat token's next prompt token; -1: none) with
+    the top ``num_logprobs``."""
+    step = _step_body(cfg, attention_backend, interpret, sharding_plan)
+
+    def prompt_step(params, kv_cache, batch, targets, query_width: int | None = None):
+        every = dataclasses.replace(batch, logits_indices=jnp.arange(batch.token_ids.shape[0], dtype=jnp.int32))
+        logits, kv_cache = step(params, kv_cache, every, query_width)
+        scored = sampler_lib.prompt_logprobs(logits, targets, num_logprobs)
+        return logits[batch.logits_indices], scored, kv_cache
+
+    out = None
+    if sharding_plan is not None:
+        out = (sharding_plan.logits_sharding, sharding_plan.replicated, sharding_plan.kv_cache_sharding)
+    return jax.jit(prompt_step, donate_argnames="kv_cache", static_argnames=("query_width",), out_shardings=out)
+
+
+def _step_body(cfg: ModelConfig, attention_backend: str, interpret: bool | None, sharding_plan):
+    """The step function before ``jax.jit`` (see ``make_step_fn``)."""
     moe_fn = sharding_plan.moe_fn() if sharding_plan is not None else moe_block
 
     def step(params, kv_cache, batch, query_width: int | None = None):
@@ -62,8 +95,7 @@ def make_step_fn(cfg: ModelConfig, attention_backend: str = "xla", interpret: bo
             attn_fn = sharding_plan.shard_attention(attn_fn)
         return forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=moe_fn)
 
-    out = None if sharding_plan is None else (sharding_plan.logits_sharding, sharding_plan.kv_cache_sharding)
-    return jax.jit(step, donate_argnames="kv_cache", static_argnames=("query_width",), out_shardings=out)
+    return step
 
 
 @functools.partial(jax.jit, static_argnames=("greedy", "num_logprobs", "penalties", "speculative"))
@@ -139,6 +171,25 @@ class SampledToken:
     top_logprobs: dict[int, float]  # empty unless logprobs were requested
 
 
+@dataclasses.dataclass
+class PromptLogprobRow:
+    """The logprobs of one prompt token, from the logits at the position before it."""
+
+    index: int  # the prompt token's index (1 .. num_prompt_tokens - 1)
+    token_id: int
+    logprob: float
+    rank: int  # 1 + the number of tokens strictly more probable
+    top: list[tuple[int, float, int]]  # the request's top ``prompt_logprobs``: (token id, logprob, rank), best first
+
+
+@dataclasses.dataclass
+class StepOutput:
+    """What one executed step gives the host."""
+
+    tokens: dict[int, list[SampledToken]]  # seq_id -> the tokens it emits
+    prompt_logprobs: dict[int, list[PromptLogprobRow]] = dataclasses.field(default_factory=dict)  # seq_id -> rows
+
+
 def choose_variant(params: list, max_logprobs: int) -> SamplerVariant:
     """The cheapest compiled token chooser that serves every row's parameters exactly: greedy rows without
     penalties or logprobs take the argmax path; anything else the general one (penalties cost nothing
@@ -205,7 +256,10 @@ class ModelRunner:
         # host arrays fed to a sharded executable are placed replicated, like its compiled inputs
         self._replicated = sharding_plan.replicated if sharding_plan is not None else None
         self.step_fn = make_step_fn(cfg, self.attention_backend, self.interpret, sharding_plan)
-        self._builders = {"step": self._step_entry, "tokens": self._tokens_entry, "multistep": self._multistep_entry}
+        self.prompt_step_fn = make_prompt_step_fn(cfg, self.attention_backend, self.interpret, sharding_plan,
+                                                  self.max_logprobs)
+        self._builders = {"step": self._step_entry, "prompt_step": self._prompt_step_entry,
+                          "tokens": self._tokens_entry, "multistep": self._multistep_entry}
         if num_scheduler_steps > 1 and (sharding_plan is not None or plan.verify_width is not None):
             raise ValueError("multi-step decoding runs on one device without speculation")
         self.num_scheduler_steps = num_scheduler_steps
@@ -253,6 +307,20 @@ class ModelRunner:
         # a large step costs far more than the first execution's extra (10-100 ms on XLA:CPU): not worth running
         worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
         return Entry(self.step_fn, args, {"query_width": shape.query_width}, self._description,
+                     run_once if worth_running else None)
+
+    def _prompt_step_entry(self, key) -> Entry:
+        shape: StepShape = key[1]
+        batch = abstract_batch(shape, self.max_blocks_per_seq, sharding=self._replicated)
+        targets = jax.ShapeDtypeStruct((shape.num_tokens,), jnp.int32, sharding=self._replicated)
+        args = (abstract(self.params), abstract(self.kv_cache), batch, targets)
+
+        def run_once(compiled):
+            exercise = exercise_batch(shape, self.max_blocks_per_seq)
+            *_, self.kv_cache = compiled(self.params, self.kv_cache, exercise, np.full(shape.num_tokens, -1, np.int32))
+
+        worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
+        return Entry(self.prompt_step_fn, args, {"query_width": None}, self._description + "|prompt_logprobs",
                      run_once if worth_running else None)
 
     def sampling_arrays(self, num_rows: int, variant: SamplerVariant) -> sampler_lib.SamplingMetadata:
@@ -303,10 +371,11 @@ class ModelRunner:
         return [SamplerVariant(True, 0, False), SamplerVariant(False, self.max_logprobs, True)]
 
     def plan_keys(self, samples: bool = True) -> list:
-        """Every executable this runner may run: its step shapes and, if it samples (``samples``), the token
-        choosers for every logits-row count and sampler variant."""
+        """Every executable this runner may run: its step shapes and, if it samples (``samples``), its
+        prompt-logprobs steps and the token choosers for every logits-row count and sampler variant."""
         keys = [("step", s) for s in self.plan.step_shapes()]
         if samples:
+            keys += [("prompt_step", s) for s in self.plan.prompt_step_shapes()]
             keys += [("tokens", r, v) for r in self.plan.logits_rows() for v in self.sampler_variants()]
         if samples and self.num_scheduler_steps > 1:
             keys += [("multistep", s, v) for s in self.decode_shapes() for v in self.sampler_variants()]
@@ -326,8 +395,9 @@ class ModelRunner:
         """The most int32 words one published call carries (the multi-process broadcast's largest buffer)."""
         words = 0
         for key in self.plan_keys():
-            if key[0] == "step":
+            if key[0] in ("step", "prompt_step"):
                 arrays = jax.tree.leaves(abstract_batch(key[1], self.max_blocks_per_seq))
+                arrays += [np.zeros(key[1].num_tokens)] if key[0] == "prompt_step" else []  # its targets
             else:
                 arrays = jax.tree.leaves(self.sampling_arrays(key[1], key[2])) + [np.zeros(key[1])]
             words = max(words, sum(int(np.prod(a.shape)) for a in arrays))
@@ -344,6 +414,11 @@ class ModelRunner:
             like = abstract_batch(key[1], self.max_blocks_per_seq)
             batch = jax.tree.unflatten(jax.tree.structure(like), unpack_arrays(words, jax.tree.leaves(like)))
             self._last_logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
+        elif key[0] == "prompt_step":
+            like = abstract_batch(key[1], self.max_blocks_per_seq)
+            *leaves, targets = unpack_arrays(words, jax.tree.leaves(like) + [np.zeros(key[1].num_tokens, np.int32)])
+            batch = jax.tree.unflatten(jax.tree.structure(like), leaves)
+            self._last_logits, _, self.kv_cache = executable(self.params, self.kv_cache, batch, targets)
         else:
             like = self.sampling_arrays(key[1], key[2])
             *md_leaves, drafts = unpack_arrays(words, jax.tree.leaves(like) + [np.zeros(key[1], np.int32)])
@@ -365,6 +440,19 @@ class ModelRunner:
             self.channel.publish(self.key_index(key), jax.tree.leaves(batch))
         logits, self.kv_cache = executable(self.params, self.kv_cache, batch)
         return logits, rows
+
+    def run_prompt_step(self, items: list[WorkItem]):
+        """Run the prompt-logprobs step on work items (some with ``prompt_targets``): (logits [R, V] on device,
+        first logits row of each item, ``PromptLogprobs`` [T] on device, in the flat token layout)."""
+        shape = self.plan.prompt_shape_for([len(w.tokens) for w in items], sum(w.num_logits for w in items))
+        key = ("prompt_step", shape)
+        executable = self.executables.get(key)
+        batch, rows = pack(items, self.block_size, shape, self.max_blocks_per_seq)
+        targets = pack_prompt_targets(items, shape.num_tokens)
+        if self.sharding_plan is not None:
+            self.channel.publish(self.key_index(key), jax.tree.leaves(batch) + [targets])
+        logits, scored, self.kv_cache = executable(self.params, self.kv_cache, batch, targets)
+        return logits, rows, scored
 
     def build_sampling_metadata(self, rows: list[tuple], num_rows: int, variant: SamplerVariant):
         """Per-row sampling parameters as numpy arrays. ``rows``: (sequence, index of the token sampled at
@@ -414,26 +502,27 @@ class ModelRunner:
         return ids
 
     # --------------------------------------------------------------- executing
-    def execute(self, scheduled: list[ScheduledSeq], draft_q_for=None) -> dict[int, list[SampledToken]]:
-        """Run one step; for every sequence that reached its end, the tokens it emits (by seq_id).
+    def execute(self, scheduled: list[ScheduledSeq], draft_q_for=None) -> StepOutput:
+        """Run one step: for every sequence that reached its end, the tokens it emits, and for every sequence
+        that computed prompt positions still missing their logprobs, those prompt logprobs (by seq_id).
 
         Without speculation that is one sampled token. A sequence verifying k draft tokens emits its
         accepted drafts followed by one token from the target (resampled or bonus). ``draft_q_for`` maps
         [(seq, j)] to the draft model's distributions for the rows (None: point-mass drafts, i.e. n-gram).
         """
-        items = []
-        for s in scheduled:
-            seq, k = s.seq, s.num_spec_tokens
-            start = seq.num_computed_tokens
-            tokens = seq.token_ids[start : start + s.num_new_tokens - k] + seq.spec_token_ids[:k]
-            items.append(WorkItem(seq.block_ids, start, tokens, (1 + k) if s.samples else 0))
-        logits, starts = self.run_step(items)
+        items = [_work_item(s) for s in scheduled]
+        prompt_rows = {}
+        if any(w.prompt_targets is not None for w in items):
+            logits, starts, scored = self.run_prompt_step(items)
+            prompt_rows = _prompt_logprob_rows(scheduled, items, scored)
+        else:
+            logits, starts = self.run_step(items)
         owners = []  # (scheduled seq, j) per logits row, in row order
         for s, start in sorted(zip(scheduled, starts), key=lambda p: p[1]):
             if s.samples:
                 owners += [(s, j) for j in range(s.num_spec_tokens + 1)]
         if not owners:
-            return {}
+            return StepOutput({}, prompt_rows)
         num_rows = logits.shape[0]
         rows = [(s.seq, s.seq.num_output_tokens + j) for s, j in owners]
         variant = choose_variant([s.seq.params for s, _ in owners], self.max_logprobs)
@@ -457,12 +546,13 @@ class ModelRunner:
             n = s.seq.params.logprobs or 0
             top = {int(top_ids[i, m]): float(top_lps[i, m]) for m in range(n)}
             emitted.append(SampledToken(int(tokens[i]), float(logprobs[i]), top))
-        return result
+        return StepOutput(result, prompt_rows)
 
-    def execute_multistep(self, scheduled: list[ScheduledSeq], num_steps: int) -> dict[int, list[SampledToken]]:
+    def execute_multistep(self, scheduled: list[ScheduledSeq], num_steps: int) -> StepOutput:
         """Run ``num_steps`` (<= num_scheduler_steps) decode steps of a decode-only batch in one call: every
         sequence's ``num_steps`` chosen tokens (by seq_id). Each sequence must own blocks for its next
-        ``num_steps - 1`` positions too."""
+        ``num_steps - 1`` positions too. (A decode computes no prompt logprobs: the last prompt position's
+        logits are the first sample's.)"""
         items = [WorkItem(s.seq.block_ids, s.seq.num_computed_tokens, [s.seq.token_ids[-1]], 1) for s in scheduled]
         shape = self.plan.shape_for([1] * len(items), len(items))
         batch, _ = pack(items, self.block_size, shape, self.max_blocks_per_seq)
@@ -479,4 +569,39 @@ class ModelRunner:
                 SampledToken(int(tokens[i, r]), float(logprobs[i, r]),
                              {int(top_ids[i, r, m]): float(top_lps[i, r, m]) for m in range(n)})
                 for i in range(num_steps)]
-        return result
+        return StepOutput(result)
+
+
+def _work_item(s: ScheduledSeq) -> WorkItem:
+    """The work of one scheduled sequence: its new tokens (drafts last), its logits rows, and the prompt token
+    each position scores where prompt logprobs are missing."""
+    seq, k = s.seq, s.num_spec_tokens
+    start = seq.num_computed_tokens
+    real = s.num_new_tokens - k
+    tokens = seq.token_ids[start : start + real] + seq.spec_token_ids[:k]
+    targets = None
+    positions = s.prompt_logprob_positions
+    if positions:
+        targets = [-1] * len(tokens)
+        for p in positions:
+            targets[p - start] = seq.token_ids[p + 1]
+    return WorkItem(seq.block_ids, start, tokens, (1 + k) if s.samples else 0, targets)
+
+
+def _prompt_logprob_rows(scheduled: list[ScheduledSeq], items: list[WorkItem], scored) -> dict:
+    """seq_id -> the ``PromptLogprobRow``s of the positions its item scored (``scored``: the prompt step's
+    ``PromptLogprobs`` in the flat token layout, items laid out in order), each with the request's top k."""
+    lps, ranks, top_ids, top_lps = host_values(scored.target_logprobs, scored.target_ranks, scored.topk_ids,
+                                               scored.topk_logprobs)
+    top_ranks = 1 + np.sum(top_lps[:, None, :] > top_lps[:, :, None], axis=-1)  # sorted: the rest are below
+    out, t = {}, 0
+    for s, w in zip(scheduled, items):
+        if w.prompt_targets is not None:
+            k = s.seq.params.prompt_logprobs
+            out[s.seq.seq_id] = [
+                PromptLogprobRow(w.start + i + 1, target, float(lps[t + i]), int(ranks[t + i]),
+                                 [(int(top_ids[t + i, m]), float(top_lps[t + i, m]), int(top_ranks[t + i, m]))
+                                  for m in range(min(k, top_ids.shape[1]))])
+                for i, target in enumerate(w.prompt_targets) if target >= 0]
+        t += len(w.tokens)
+    return out

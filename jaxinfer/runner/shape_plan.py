@@ -25,6 +25,12 @@ batch); tokens in powers of two from 16 to 256, then steps of 1.5x / 1.33x (384,
 2048, ...), the last being ``max_num_batched_tokens`` itself (a multi-token step's cost grows with its
 tokens, so padding is bounded by 1.5x).
 
+Prompt-logprobs steps (``prompt_step_shapes``): a step that computes positions whose logits give prompt
+logprobs (``SamplingParams.prompt_logprobs``) returns the logits of every token, so it runs as its own
+executable, always in a mixed shape: its tokens padded to ``prompt_token_buckets`` (16, 64, 256, 1024, ...
+every other power of two of the token buckets, and the budget), at most 4x, which keeps the extra
+executables few (5 in the default configuration) for a feature most steps never use.
+
 Sampler executables are keyed by (rows, ``SamplerVariant``): greedy without logprobs, and the general path
 (temperature, top-k/p, min-p, penalties, seeds, the top ``max_logprobs`` logprobs), which also serves
 greedy requests that ask for logprobs.
@@ -105,6 +111,10 @@ def token_buckets(max_num_batched_tokens: int) -> tuple[int, ...]:
     return tuple(out + [max_num_batched_tokens])
 
 
+def _is_power_of_4(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0 and (n.bit_length() - 1) % 2 == 0
+
+
 def _first_at_least(buckets: Iterable[int], n: int) -> int:
     for b in buckets:
         if b >= n:
@@ -164,6 +174,27 @@ class ShapePlan:
             shapes += [self._verify(s) for s in self.seq_buckets]
         shapes += [self._mixed(t) for t in self.mixed_token_buckets]
         return sorted(set(shapes))
+
+    @property
+    def prompt_token_buckets(self) -> tuple[int, ...]:
+        """Token counts of prompt-logprobs steps: the mixed buckets 16 * 4**i, and the largest."""
+        mixed = self.mixed_token_buckets
+        quarters = {b for b in mixed if b % MIN_TOKEN_BUCKET == 0 and _is_power_of_4(b // MIN_TOKEN_BUCKET)}
+        return tuple(sorted(quarters | {mixed[-1]}))
+
+    def prompt_step_shapes(self) -> list[StepShape]:
+        """The shapes of steps that return prompt logprobs (mixed, all ``T`` tokens' logits computed)."""
+        return [self._mixed(t) for t in self.prompt_token_buckets]
+
+    def prompt_shape_for(self, run_lengths: list[int], num_logits: int) -> StepShape:
+        """The planned shape of a prompt-logprobs step (see ``shape_for``; a mixed shape whatever the runs)."""
+        if len(run_lengths) > self.max_num_seqs:
+            raise ValueError(f"a step of {len(run_lengths)} sequences exceeds max_num_seqs={self.max_num_seqs}")
+        shape = self._mixed(_first_at_least(self.prompt_token_buckets, sum(run_lengths)))
+        if num_logits > shape.num_logits:
+            raise ValueError(f"{num_logits} logits rows do not fit {shape} (a prompt-logprobs step carries no "
+                             "draft tokens)")
+        return shape
 
     def shape_for(self, run_lengths: list[int], num_logits: int) -> StepShape:
         """The planned shape of a step whose sequences compute ``run_lengths`` tokens each and that needs

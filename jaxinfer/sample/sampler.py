@@ -28,7 +28,8 @@ Processing order (vLLM's), each step on the float32 logits of one row:
    never on the rest of the batch or on where the row sits in it.
 
 Logprobs are those of the RAW model distribution, ``log_softmax(logits)`` before penalties, temperature and
-truncation (vLLM's default).
+truncation (vLLM's default). `prompt_logprobs` computes the same for given target tokens (a prompt's next
+tokens), with each target's rank in the vocabulary, so that only [rows, K] comes back to the host.
 
 Parameter conventions: top_k <= 0 or >= V disables top-k, top_p >= 1 disables top-p, min_p <= 0 disables
 min-p, repetition_penalty 1 (or <= 0, which padded rows may carry) disables the repetition penalty. Token id
@@ -288,6 +289,28 @@ def raw_logprob_outputs(
         return token_logprobs, empty.astype(jnp.int32), empty.astype(jnp.float32)
     topk_logprobs, topk_ids = jax.lax.top_k(raw, num_logprobs)
     return token_logprobs, topk_ids.astype(jnp.int32), topk_logprobs
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PromptLogprobs:
+    """Raw-distribution logprobs of given target tokens, one row per logits row, K = num_logprobs."""
+
+    target_logprobs: jax.Array  # [N] f32   logprob of each row's target token
+    target_ranks: jax.Array  # [N] i32      1 + the number of tokens strictly more probable than the target
+    topk_ids: jax.Array  # [N, K] i32       the K most probable tokens, best first
+    topk_logprobs: jax.Array  # [N, K] f32  their logprobs
+
+
+def prompt_logprobs(logits: jax.Array, targets: jax.Array, num_logprobs: int) -> PromptLogprobs:
+    """Per row of ``logits`` [N, V]: the logprob and rank of ``targets`` [N] (ids outside [0, V): any finite
+    answer) and the top ``num_logprobs``, all under ``log_softmax`` of the float32 logits."""
+    raw = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    safe = jnp.clip(targets, 0, logits.shape[-1] - 1).astype(jnp.int32)
+    target_lp = jnp.take_along_axis(raw, safe[:, None], axis=-1)
+    ranks = 1 + jnp.sum(raw > target_lp, axis=-1, dtype=jnp.int32)
+    topk_lps, topk_ids = jax.lax.top_k(raw, num_logprobs)
+    return PromptLogprobs(target_lp[:, 0], ranks, topk_ids.astype(jnp.int32), topk_lps)
 
 
 @functools.partial(
