@@ -33,10 +33,7 @@ TASKS = {  # task -> its output type
     "jaxinfer_code_choice": "multiple_choice",
     "jaxinfer_sentences": "loglikelihood_rolling",
 }
-PENDING = {
-    "jaxinfer_code_choice": "prompt logprobs (echo + logprobs on /v1/completions), being built",
-    "jaxinfer_sentences": "prompt logprobs (echo + logprobs on /v1/completions), being built",
-}
+PENDING: dict[str, str] = {}  # check -> the server feature it waits for (none today)
 NUM_CONCURRENT = 8
 
 

@@ -29,10 +29,7 @@ IGNORE_EOS = {"ignore_eos": True}  # vLLM's extension (jaxinfer honours it): eve
 CONTINUOUS_USAGE = {"include_usage": True, "continuous_usage_stats": True}
 
 # check name -> the server feature it waits for (being built at the time of writing; remove it once it lands)
-PENDING = {
-    "prompt logprobs": "prompt logprobs (echo + logprobs on /v1/completions) need SamplingParams.prompt_logprobs "
-                       "in the engine, being built",
-}
+PENDING: dict[str, str] = {}  # check -> the server feature it waits for (none today)
 
 
 @dataclasses.dataclass(frozen=True)

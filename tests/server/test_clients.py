@@ -4,19 +4,13 @@ embedded model, started in a thread as tests/server/test_server.py does): every 
 through ``lm_eval --model local-completions`` (``bench.clients.lm_eval_harness``; skipped where lm_eval is not
 installed: ``pip install -e ".[clients]"``, or an ``lm_eval`` on PATH).
 
-Checks that need a server feature still being built are marked xfail (not strict) until it lands: prompt
-logprobs (``echo`` + ``logprobs`` on ``/v1/completions``, which lm-eval's loglikelihood and
-loglikelihood_rolling tasks send; ``PENDING`` in both bench modules). They assert the correct behaviour;
-unmark them (empty the ``PENDING`` entries) when the feature is in.
+lm-eval's multiple_choice and loglikelihood_rolling tasks score prompts through ``echo`` + ``logprobs`` (the
+prompt's logprobs) on ``/v1/completions``.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import socket
-import threading
-import time
 
 import pytest
 
@@ -28,34 +22,17 @@ from bench.clients import lm_eval_harness, openai_sdk  # noqa: E402
 from bench.clients.common import OK, first_error_line, tool_command, tool_version  # noqa: E402
 from jaxinfer.loading.model_source import default_model_dir  # noqa: E402
 from jaxinfer.server import launch  # noqa: E402
+from tests.server.test_server import _serve_in_thread  # noqa: E402
 
 KEY = "clients-key"
 MAX_MODEL_LEN = 256
 ENGINE = ["--compilation", "lazy", "--max-num-seqs", "32", "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0"]
-PENDING_REASON = "pending: {} (unmark when it lands)"
-
-
-def _serve_in_thread(argv: list[str]):
-    """A uvicorn server (app built like `jaxinfer serve ARGV`) on a free port, in a thread."""
-    parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    app, name = launch.build(parser.parse_args(argv))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.05)
-    return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}", name
 
 
 @pytest.fixture(scope="module")
 def served():
-    srv, thread, url, name = _serve_in_thread([*ENGINE, "--api-key", KEY])
-    yield url, name
+    srv, thread, url, _ = _serve_in_thread([*ENGINE, "--api-key", KEY])
+    yield url, launch.DEFAULT_MODEL_NAME
     srv.should_exit = True
     thread.join(30)
 
@@ -65,13 +42,8 @@ def client(served):
     return openai_sdk.make_client(served[0], KEY)
 
 
-def _params(checks: dict, pending: dict):
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=False, reason=PENDING_REASON.format(pending[name])))
-            if name in pending else name for name in checks]
-
-
 # ------------------------------------------------------------------------------------------------ openai SDK
-@pytest.mark.parametrize("name", _params({c.name: c for c in openai_sdk.CHECKS}, openai_sdk.PENDING))
+@pytest.mark.parametrize("name", [c.name for c in openai_sdk.CHECKS])
 def test_openai_sdk(name, served, client):
     check = next(c for c in openai_sdk.CHECKS if c.name == name)
     numbers = check.fn(client, served[1])  # raises (AssertionError, or the SDK's error) on a wrong answer
@@ -97,7 +69,7 @@ def lm_eval_cmd():
     return cmd
 
 
-@pytest.mark.parametrize("task", _params(lm_eval_harness.TASKS, lm_eval_harness.PENDING))
+@pytest.mark.parametrize("task", list(lm_eval_harness.TASKS))
 def test_lm_eval_task_runs_and_scores(task, served, lm_eval_cmd, tmp_path):
     row = lm_eval_harness.run_task(lm_eval_cmd, tool_version(lm_eval_cmd, "lm_eval"), served[0], served[1],
                                    default_model_dir(), MAX_MODEL_LEN, task, tmp_path, api_key=KEY, timeout_s=900)

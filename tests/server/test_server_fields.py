@@ -160,3 +160,25 @@ def test_bounds_are_refused_before_anything_is_queued(url):
     assert _post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "n": 4, "max_tokens": 24}).status_code == 200
     metrics = httpx.get(url + "/metrics").text
     assert 'jaxinfer:num_requests_waiting{model_name="jaxinfer-default"} 0.0' in metrics
+
+
+# ------------------------------------------------------------------------------------------ prompt scoring
+def test_echo_with_logprobs_returns_the_prompts_logprobs_as_the_library_does(client):
+    from jaxinfer import LLM, SamplingParams
+
+    ids = [13, 1042, 287, 318, 257, 1332, 25]
+    scored = client.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=2, max_tokens=0)
+    lp = scored.choices[0].logprobs
+    assert scored.usage.completion_tokens == 0 and len(lp.tokens) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    llm = LLM(compilation="lazy", max_num_seqs=4, max_model_len=256, seed=0)
+    (ref,) = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=2),
+                          use_tqdm=False)
+    want = [entry[tid].logprob for tid, entry in zip(ids[1:], ref.prompt_logprobs[1:])]
+    assert lp.token_logprobs[1:] == pytest.approx(want, abs=1e-5)
+    assert all(2 <= len(top) <= 3 for top in lp.top_logprobs[1:])  # the top 2 and the prompt token
+    generated = client.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=1, max_tokens=3,
+                                          temperature=0.0, extra_body={"ignore_eos": True})
+    g = generated.choices[0].logprobs
+    assert len(g.tokens) == len(ids) + 3 and g.token_logprobs[1:len(ids)] == pytest.approx(want, abs=1e-5)
+    assert g.text_offset == sorted(g.text_offset)
