@@ -22,7 +22,7 @@ from bench.clients import lm_eval_harness, openai_sdk  # noqa: E402
 from bench.clients.common import OK, first_error_line, tool_command, tool_version  # noqa: E402
 from jaxinfer.loading.model_source import default_model_dir  # noqa: E402
 from jaxinfer.server import launch  # noqa: E402
-from tests.server.test_server import _serve_in_thread  # noqa: E402
+from tests.server.test_server import live_server  # noqa: E402
 
 KEY = "clients-key"
 MAX_MODEL_LEN = 256
@@ -31,10 +31,8 @@ ENGINE = ["--compilation", "lazy", "--max-num-seqs", "32", "--max-model-len", st
 
 @pytest.fixture(scope="module")
 def served():
-    srv, thread, url, _ = _serve_in_thread([*ENGINE, "--api-key", KEY])
-    yield url, launch.DEFAULT_MODEL_NAME
-    srv.should_exit = True
-    thread.join(30)
+    with live_server([*ENGINE, "--api-key", KEY]) as (url, _):
+        yield url, launch.DEFAULT_MODEL_NAME
 
 
 @pytest.fixture(scope="module")

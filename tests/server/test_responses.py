@@ -21,7 +21,7 @@ from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput  # 
 from jaxinfer.server.async_engine import EngineDeadError  # noqa: E402
 from jaxinfer.server.responses import ResponsesServing, _Turn  # noqa: E402
 from jaxinfer.server.responses_protocol import ResponsesRequest, ResponseStore  # noqa: E402
-from tests.server.test_server import ENGINE, _metric, _metrics, _serve_in_thread  # noqa: E402
+from tests.server.test_server import ENGINE, _metric, _metrics, live_server  # noqa: E402
 
 KEY = "responses-key"
 MODEL = "jaxinfer-default"
@@ -34,10 +34,8 @@ STREAM_ORDER = ["response.created", "response.in_progress", "response.output_ite
 
 @pytest.fixture(scope="module")
 def server():
-    srv, thread, url, app = _serve_in_thread([*ENGINE, "--api-key", KEY])
-    yield url, app
-    srv.should_exit = True
-    thread.join(30)
+    with live_server([*ENGINE, "--api-key", KEY]) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

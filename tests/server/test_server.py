@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -44,12 +45,21 @@ def _serve_in_thread(argv: list[str]):
     return server, thread, f"http://127.0.0.1:{sock.getsockname()[1]}", app
 
 
+@contextlib.contextmanager
+def live_server(argv: list[str]):
+    """``(url, app)`` of a server started by ``_serve_in_thread(argv)``, stopped on leaving."""
+    srv, thread, url, app = _serve_in_thread(argv)
+    try:
+        yield url, app
+    finally:
+        srv.should_exit = True
+        thread.join(30)
+
+
 @pytest.fixture(scope="module")
 def server():
-    srv, thread, url, app = _serve_in_thread([*ENGINE, "--api-key", KEY])
-    yield url, app
-    srv.should_exit = True
-    thread.join(30)
+    with live_server([*ENGINE, "--api-key", KEY]) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

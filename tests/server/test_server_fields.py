@@ -14,7 +14,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
 from jaxinfer.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, parse  # noqa: E402
-from tests.server.test_server import ENGINE, _serve_in_thread  # noqa: E402
+from tests.server.test_server import ENGINE, live_server  # noqa: E402
 
 MODEL = "jaxinfer-default"
 BOUNDS = ["--max-n", "4", "--max-request-tokens", "96", "--max-body-bytes", "8192"]
@@ -23,10 +23,8 @@ CHAT = [{"role": "user", "content": "write a loop"}]
 
 @pytest.fixture(scope="module")
 def url():
-    srv, thread, url, _ = _serve_in_thread([*ENGINE, *BOUNDS])
-    yield url
-    srv.should_exit = True
-    thread.join(30)
+    with live_server([*ENGINE, *BOUNDS]) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
