@@ -12,7 +12,7 @@ from jaxinfer import LLM, SamplingParams
 from jaxinfer.model.kv_cache import allocate_kv_cache
 from jaxinfer.model.step_batch import single_sequence_batch
 from jaxinfer.runner.shape_plan import bucket
-from jaxinfer.runner.model_runner import make_step_fn
+from jaxinfer.runner.step_functions import make_step_fn
 from tests.prompts import random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -49,7 +49,7 @@ def _step_build(model: str, kind: str, tokens: int, layers: int | None, tp: int,
     from jaxinfer.model import weights
     from jaxinfer.model.fused_qkv import fuse_qkv_weights
     from jaxinfer.runner.batch_packing import abstract_batch
-    from jaxinfer.runner.model_runner import make_step_fn
+    from jaxinfer.runner.step_functions import make_step_fn
 
     cfg = _config(model, layers)
     shape = _shape(kind, tokens)
@@ -72,7 +72,7 @@ def _step_build(model: str, kind: str, tokens: int, layers: int | None, tp: int,
 
 
 def _tokens_build(model: str, rows: int, variant: SamplerVariant, compiler):
-    from jaxinfer.runner.model_runner import abstract_sampling_metadata, choose_tokens
+    from jaxinfer.runner.step_functions import abstract_sampling_metadata, choose_tokens
 
     cfg = preset_config(model)
     args = compiler.place((jax.ShapeDtypeStruct((rows, cfg.vocab_size), jnp.float32),

@@ -22,7 +22,7 @@ Life of a step, from ``LLM.generate`` to the attention kernel::
               Executables.get(("step", shape))  runner/executables.py   compiled at start (("prompt_step", shape)
                                                                      when prompt logprobs are computed:
                                                                      ModelRunner.run_prompt_step)
-              step(params, kv_cache, batch)     make_step_fn, cache donated
+              step(params, kv_cache, batch)     runner/step_functions.make_step_fn, cache donated
                 decoder.forward           model/decoder.py           embed, layers, final norm, LM head
                   linear                  model/linear.py            XLA dot, cpu/ffi matvec/gemm, or a
                                                                      quantization/quantized_weight matmul
@@ -32,7 +32,7 @@ Life of a step, from ``LLM.generate`` to the attention kernel::
                                             "cpu":    cpu/ffi/attention.py (paged_attention.cc, ragged_attention.cc)
                                             "xla":    model/attention.xla_ragged_paged_attention
                   moe_block               model/moe.py               MoE layers (sharded: sharding/ops.py)
-            choose_tokens                 runner/model_runner.py     one compiled call per step:
+            choose_tokens                 runner/step_functions.py   one compiled call per step:
                                           sample/sampler.py          sample, or
                                           sample/rejection_sampler.py  verify speculative tokens
         OutputProcessor.update            core/output_processor.py   tokens appended through the stop

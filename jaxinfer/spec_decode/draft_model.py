@@ -30,7 +30,8 @@ from jaxinfer.model.linear import with_cpu_kernels
 from jaxinfer.model.step_batch import NULL_SLOT, StepBatch
 from jaxinfer.runner.batch_packing import WorkItem
 from jaxinfer.runner.executables import Entry
-from jaxinfer.runner.model_runner import ModelRunner, RunnerOptions, zeros_like_abstract
+from jaxinfer.runner.model_runner import ModelRunner, RunnerOptions
+from jaxinfer.runner.step_functions import zeros_like_abstract
 from jaxinfer.runner.shape_plan import SamplerVariant, ShapePlan
 from jaxinfer.sample import rejection_sampler
 

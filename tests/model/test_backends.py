@@ -20,7 +20,7 @@ from jaxinfer.model.kv_cache import allocate_kv_cache
 from jaxinfer.model.linear import KMajorWeight, linear, with_cpu_kernels
 from jaxinfer.model.step_batch import single_sequence_batch
 from jaxinfer.quantization.quantized_weight import quantize_weight, quantized_linear, with_cpu_storage
-from jaxinfer.runner.model_runner import make_step_fn
+from jaxinfer.runner.step_functions import make_step_fn
 
 KERNEL_PREFIX = "jaxinfer_"  # every C++ kernel's FFI target starts with it (build.TARGETS)
 
