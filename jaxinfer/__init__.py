@@ -18,6 +18,7 @@ _PUBLIC = {  # name -> the module that defines it
     "LLMEngine": "jaxinfer.llm_engine",
     "EngineConfig": "jaxinfer.config.engine",
     "SamplingParams": "jaxinfer.sampling_params",
+    "StructuredOutputsParams": "jaxinfer.sampling_params",
     "RequestOutput": "jaxinfer.outputs",
     "CompletionOutput": "jaxinfer.outputs",
     "RequestMetrics": "jaxinfer.outputs",
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from jaxinfer.llm import LLM
     from jaxinfer.llm_engine import LLMEngine
     from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-    from jaxinfer.sampling_params import SamplingParams
+    from jaxinfer.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name: str) -> Any:

@@ -7,10 +7,16 @@ plan before it returns. Every request is validated completely in ``add_request``
 (``core.request_io``), so a bad request is refused with a ``ValueError`` and the engine keeps serving everyone
 else. A request with ``n > 1`` becomes ``n`` sequences that share its prompt (and, with ``prompt_logprobs``, the
 one dict its prompt logprobs are gathered in: computed once per request, see ``core.sequence``).
+
+Structured outputs (``SamplingParams.structured_outputs``): the constraint is compiled for the tokenizer when
+the request is validated (``jaxinfer.structured.backend``); each of its sequences gets a matcher, whose token
+bitmask the runner applies in the token chooser. Constrained sequences take single steps (no multi-step
+bursts, no draft tokens: their mask depends on every token before).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -22,6 +28,7 @@ import numpy as np
 
 from jaxinfer.config.engine import EngineConfig
 from jaxinfer.config.speculative import SpeculativeConfig
+from jaxinfer.config.structured import StructuredOutputsConfig
 from jaxinfer.core import request_io
 from jaxinfer.core.block_manager import BlockManager
 from jaxinfer.core.output_processor import OutputProcessor
@@ -105,18 +112,25 @@ class LLMEngine:
         self._limits = request_io.RequestLimits(cfg.vocab_size, self.max_model_len, self.eos_token_ids,
                                                 self.banned_width, self.tokenizer)
         self._cache = self._executable_cache()
+        self.structured_config = StructuredOutputsConfig.from_dict(config.structured_outputs_config)
+        self.grammar_backend, self._no_grammar_reason = self._make_grammar_backend()
         options = RunnerOptions(num_blocks=self.num_blocks, block_size=config.block_size,
                                 max_model_len=self.max_model_len, kv_dtype=self.kv_dtype, attention_backend=backend,
-                                eos_token_ids=self.eos_token_ids, banned_width=self.banned_width)
+                                eos_token_ids=self.eos_token_ids, banned_width=self.banned_width,
+                                grammar_backend=self.grammar_backend)
         draft_model = spec is not None and spec.method == "draft_model"
         self.runner = ModelRunner(
             cfg, model.params, plan=self._plan("all"), options=options, cache=self._cache, name="target",
             sharding_plan=self.sharding_plan, num_scheduler_steps=config.num_scheduler_steps,
             draft_q_shape=(spec.num_speculative_tokens, self._plan("all").seq_buckets[-1]) if draft_model else None,
         )
-        self.speculator = self._make_speculator(spec, options) if spec is not None else None
+        # a draft model never samples for a constrained sequence (they get no drafts): no masked variants
+        draft_options = dataclasses.replace(options, grammar_backend=None)
+        self.speculator = self._make_speculator(spec, draft_options) if spec is not None else None
         self.output_processor = OutputProcessor(self.scheduler, self.eos_token_ids, self.max_model_len,
-                                                tokenizer=self.tokenizer)
+                                                tokenizer=self.tokenizer,
+                                                jump_forward=self.structured_config.jump_forward)
+        self._told_spec_skips_constrained = False
         self._seq_ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
         self.num_steps = 0
@@ -141,6 +155,25 @@ class LLMEngine:
         """(executables, keys) of every runner: what warm-up compiles."""
         plan = [(self.runner.executables, self.runner.plan_keys())]
         return plan + (self.proposer.warm_up_plan() if self.proposer is not None else [])
+
+    def _make_grammar_backend(self):
+        """(GrammarBackend, None), or (None, why structured outputs are unavailable)."""
+        choice = self.structured_config.backend
+        if choice == "disabled":
+            return None, "structured outputs are disabled (structured_outputs_config backend 'disabled')"
+        if self.tokenizer is None:
+            why = "structured outputs need the model's tokenizer (tokenizer.json), and this model has none"
+        else:
+            from jaxinfer.structured.backend import GrammarBackend
+
+            try:
+                return GrammarBackend.for_tokenizer(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
+                                                    whitespace_pattern=self.structured_config.whitespace_pattern), None
+            except ImportError as exc:
+                why = str(exc)
+        if choice == "guidance":
+            raise ValueError(f"structured_outputs_config backend 'guidance': {why}")
+        return None, why
 
     def _executable_cache(self) -> ExecutableCache | None:
         c = self.config
@@ -189,7 +222,16 @@ class LLMEngine:
 
     def validate_request(self, prompt: Any, params: SamplingParams) -> tuple[str | None, list[int]]:
         """(text, ids) of a request that can run, or ValueError saying why not (nothing is queued)."""
-        return request_io.validate_request(prompt, params, self._limits)
+        text, ids = request_io.validate_request(prompt, params, self._limits)
+        if params.structured_outputs is not None:
+            self._compile_grammar(params)
+        return text, ids
+
+    def _compile_grammar(self, params: SamplingParams) -> str:
+        """The request's compiled constraint (cached by the backend); ValueError if it cannot be served."""
+        if self.grammar_backend is None:
+            raise ValueError(f"structured_outputs: {self._no_grammar_reason}")
+        return self.grammar_backend.compile(params.structured_outputs)
 
     # ----------------------------------------------------------------- requests
     def add_request(
@@ -210,6 +252,11 @@ class LLMEngine:
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs = []
         prompt_logprobs = {} if params.prompt_logprobs is not None else None  # shared by the n sequences
+        grammar = self._compile_grammar(params) if params.structured_outputs is not None else None
+        if grammar is not None and self.speculator is not None and not self._told_spec_skips_constrained:
+            self._told_spec_skips_constrained = True
+            logger.info("speculative decoding: constrained requests (structured_outputs) decode without draft "
+                        "tokens; the others keep speculating")
         for i in range(params.n):
             if params.seed is not None:
                 seed = (params.seed * 1_000_003 + i) % 2**32
@@ -217,6 +264,8 @@ class LLMEngine:
                 seed = int(self._seed_rng.integers(0, 2**32))
             seq = Sequence(next(self._seq_ids), request_id, i, ids, params, seed, arrival, priority, cache_salt)
             seq.prompt_logprobs = prompt_logprobs
+            if grammar is not None:
+                seq.grammar = self.grammar_backend.matcher(grammar)
             if self.tokenizer is not None:
                 seq.detokenizer = IncrementalDetokenizer(
                     self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens
@@ -319,6 +368,7 @@ class LLMEngine:
             "num_executables_from_cache": sum(r.executables.num_loaded for r in runners),
             "compilation": self.config.compilation,
             "num_steps": self.num_steps,
+            "num_forced_tokens": self.output_processor.num_forced_tokens,  # structured outputs' jump-forward
             "speculation_arms": self.spec_controller.summary() if self.spec_controller is not None else {},
             "quantization": self.quantization,  # what was quantized, weight bytes before / after
         }

@@ -6,7 +6,13 @@ queued. Host side: no JAX.
 ``logprobs=k`` returns, per generated token, its logprob and the k most probable tokens';
 ``prompt_logprobs=k`` the same for every prompt token after the first (``RequestOutput.prompt_logprobs``;
 such a request computes its whole prompt: the prefix cache holds K/V, not logits). Both are at most
-``MAX_LOGPROBS`` and both read the raw model distribution.
+``MAX_LOGPROBS`` and both read the raw model distribution (with ``structured_outputs``: the constrained one,
+every token the grammar forbids at -inf).
+
+``structured_outputs=StructuredOutputsParams(...)`` constrains the output to a JSON schema, any JSON object, a
+regular expression, one of several strings, or a Lark grammar (vLLM's names). The type of each field is checked
+here; whether the schema, regex or grammar compiles is checked when the request is added (``LLMEngine``
+compiles it with the model's tokenizer: an invalid one is a ``ValueError`` naming the problem, nothing queued).
 """
 
 from __future__ import annotations
@@ -15,6 +21,55 @@ import dataclasses
 import math
 
 MAX_LOGPROBS = 20  # the most top logprobs ``logprobs`` and ``prompt_logprobs`` may ask for
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclasses.dataclass(frozen=True)
+class StructuredOutputsParams:
+    """One constraint on the output (exactly one field set), as vLLM's ``StructuredOutputsParams``:
+
+    * ``json``: a JSON schema (a dict, or its JSON text): the output is one JSON value that validates;
+    * ``json_object=True``: the output is a JSON object (any);
+    * ``regex``: the output matches the regular expression (Rust ``regex`` syntax, anchored at both ends);
+    * ``choice``: the output is exactly one of these strings;
+    * ``grammar``: a Lark grammar (llguidance's dialect, which may embed ``%json {...}``), or a GBNF one
+      (``::=`` rules, as llama.cpp writes them), converted to Lark.
+
+    ``whitespace_pattern``: for ``json`` / ``json_object``, the regex of the whitespace allowed between tokens
+    (None: the engine's default, see ``EngineConfig.structured_outputs_config``).
+    """
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self):
+        given = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs needs exactly one of json, json_object, regex, choice, grammar; "
+                             f"got {given or 'none'}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError(f"structured_outputs.json must be a JSON schema (dict or str), got {type(self.json).__name__}")
+        for name in ("regex", "grammar", "whitespace_pattern"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.json_object not in (None, True, False):
+            raise ValueError(f"structured_outputs.json_object must be a bool, got {self.json_object!r}")
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice or \
+                    not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, "
+                                 f"got {self.choice!r}")
+            object.__setattr__(self, "choice", tuple(self.choice))
+
+    @property
+    def kind(self) -> str:
+        """Which constraint: "json", "json_object", "regex", "choice" or "grammar"."""
+        return next(k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +92,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs besides the sampled token's
     prompt_logprobs: int | None = None  # top logprobs besides the prompt token's, at every prompt position
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         _check_int("n", self.n, lo=1)
@@ -77,6 +133,17 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        so = self.structured_outputs
+        if so is not None:
+            if not isinstance(so, StructuredOutputsParams):
+                raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {type(so).__name__}")
+            # the grammar decides where the output ends: EOS is allowed exactly when it accepts
+            if self.ignore_eos:
+                raise ValueError("ignore_eos cannot be combined with structured_outputs (the grammar allows EOS "
+                                 "exactly when the output is complete)")
+            if self.min_tokens:
+                raise ValueError("min_tokens cannot be combined with structured_outputs (a complete output may be "
+                                 "shorter; the grammar decides where it ends)")
 
     @property
     def greedy(self) -> bool:

@@ -46,6 +46,9 @@ class EngineConfig:
     # decode steps per engine step when every scheduled sequence decodes (jaxinfer.runner.multistep): > 1 runs them
     # in one compiled call, the host checking stop conditions once per call (tokens arrive in bursts)
     num_scheduler_steps: int = 1
+    # structured outputs (jaxinfer.config.structured): {"backend": "auto" | "guidance" | "disabled",
+    # "jump_forward": True, "whitespace_pattern": None}; None = the defaults
+    structured_outputs_config: dict[str, Any] | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -85,6 +88,9 @@ class EngineConfig:
                              "already emits several tokens per step)")
         if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
             raise NotImplementedError("num_scheduler_steps > 1 with tensor_parallel_size > 1 is not supported yet")
+        from jaxinfer.config.structured import StructuredOutputsConfig
+
+        StructuredOutputsConfig.from_dict(self.structured_outputs_config)  # validate early
         if self.speculative_config is not None:
             from jaxinfer.config.speculative import SpeculativeConfig
 

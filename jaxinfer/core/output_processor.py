@@ -10,14 +10,35 @@ Prompt logprobs computed in a step (rows with ``index``, ``token_id``, ``logprob
 ``{token_id: Logprob}`` entries of the sequence's shared ``prompt_logprobs`` dict, the prompt token first; an
 index that already has its entry (another sample of the request computed it, or the sequence did before a
 preemption) keeps the first one.
+
+Structured outputs: a constrained sequence's matcher accepts each token it emits; with ``jump_forward``, once
+the step's tokens are in, every token its grammar forces (a mask that allows exactly one token) is appended
+right away, logprob 0 (the constrained distribution's, which has all its mass there), and computed with the
+next step's work instead of in decode steps of its own. A masked row allowing one token samples exactly that
+token whatever the temperature, and the next sampled token's seed step counts the forced ones, so the output is
+the same token for token with jump-forward on or off.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from typing import Iterable
 
 from jaxinfer.core import request_io
 from jaxinfer.outputs import Logprob, RequestOutput
+
+
+logger = logging.getLogger("jaxinfer")
+
+
+@dataclasses.dataclass(frozen=True)
+class ForcedToken:
+    """A token the grammar forces (jump-forward): all of the constrained distribution's mass is on it."""
+
+    token_id: int
+    logprob: float = 0.0
+    top_logprobs: dict = dataclasses.field(default_factory=dict)
 
 
 class TokenTexts:
@@ -37,8 +58,11 @@ class TokenTexts:
 
 
 class OutputProcessor:
-    def __init__(self, scheduler, eos_token_ids: tuple[int, ...], max_model_len: int, tokenizer=None):
+    def __init__(self, scheduler, eos_token_ids: tuple[int, ...], max_model_len: int, tokenizer=None,
+                 jump_forward: bool = True):
         self.scheduler = scheduler
+        self.jump_forward = jump_forward
+        self.num_forced_tokens = 0  # appended by jump-forward, over the engine's life
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.token_text = TokenTexts(tokenizer)
@@ -77,9 +101,11 @@ class OutputProcessor:
             computed = seq.num_computed_tokens + s.num_new_tokens - s.num_spec_tokens + accepted
             finished = False
             for tok in tokens:
-                finished = request_io.append_token(seq, tok, now, self.eos_token_ids, self.max_model_len)
+                finished = self._append(seq, tok, now)
                 if finished:
                     break
+            if tokens and not finished and seq.grammar is not None and self.jump_forward:
+                finished = self._jump_forward(seq, now)
             self.scheduler.commit_computed(seq, min(computed, seq.num_tokens))
             if finished:
                 self.scheduler.remove(seq)
@@ -94,6 +120,30 @@ class OutputProcessor:
                 self.requests.pop(req.request_id, None)
             outputs.append(request_io.make_output(req))
         return outputs
+
+    def _append(self, seq, tok, now: float) -> bool:
+        """Append one token through the stop conditions and the sequence's grammar; True when it finished."""
+        if request_io.append_token(seq, tok, now, self.eos_token_ids, self.max_model_len):
+            return True
+        if seq.grammar is not None and not seq.grammar.accept(tok.token_id):
+            # cannot happen while the mask is applied; should it, the output could no longer be valid
+            logger.error("request %s: token %d is outside its grammar (%s); the sequence is aborted",
+                         seq.request_id, tok.token_id, seq.grammar.error)
+            seq.finish_reason, seq.finished_time = "abort", now
+            return True
+        return False
+
+    def _jump_forward(self, seq, now: float) -> bool:
+        """Append the tokens the grammar forces, one at a time while its mask allows exactly one."""
+        while True:
+            token = seq.grammar.forced_token()
+            if token is None:
+                return False
+            top = {token: 0.0} if seq.params.logprobs else {}
+            seq.num_forced_tokens += 1
+            self.num_forced_tokens += 1
+            if self._append(seq, ForcedToken(token, 0.0, top), now):
+                return True
 
     def _add_prompt_logprobs(self, seq, rows) -> None:
         """Store each row as the entry of its prompt index, unless that index has one already."""

@@ -64,6 +64,9 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.text = ""
         self.detokenizer: Any = None  # set by the engine when a tokenizer exists
+        # structured outputs: a jaxinfer.structured.matcher.GrammarMatcher that has accepted every output token
+        self.grammar: Any = None
+        self.num_forced_tokens = 0  # output tokens appended by jump-forward (no decode step of their own)
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
@@ -97,9 +100,10 @@ class Sequence:
     @property
     def can_choose_ahead(self) -> bool:
         """True when its next tokens can be chosen several at a time on the device (multi-step decoding,
-        speculation): no penalties (they read the output history) and no min_tokens ban left to lift."""
+        speculation): no penalties (they read the output history), no min_tokens ban left to lift, and no
+        grammar (its mask depends on every earlier token: a constrained sequence takes single steps)."""
         p = self.params
-        return not p.has_penalties and self.num_output_tokens >= p.min_tokens
+        return not p.has_penalties and self.num_output_tokens >= p.min_tokens and self.grammar is None
 
     @property
     def is_finished(self) -> bool:

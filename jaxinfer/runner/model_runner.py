@@ -75,13 +75,14 @@ class StepOutput:
     prompt_logprobs: dict[int, list[PromptLogprobRow]] = dataclasses.field(default_factory=dict)  # seq_id -> rows
 
 
-def choose_variant(params: list, max_logprobs: int) -> SamplerVariant:
+def choose_variant(params: list, max_logprobs: int, masked: bool = False) -> SamplerVariant:
     """The cheapest compiled token chooser that serves every row's parameters exactly: greedy rows without
     penalties or logprobs take the argmax path; anything else the general one (penalties cost nothing
-    measurable when zero: CPU, 4,096-token vocabulary, 1-64 rows)."""
+    measurable when zero: CPU, 4,096-token vocabulary, 1-64 rows). ``masked``: some row is constrained (its
+    variant applies a token bitmask)."""
     if all(p.greedy and not p.has_penalties and p.logprobs is None for p in params):
-        return SamplerVariant(greedy=True, num_logprobs=0, penalties=False)
-    return SamplerVariant(greedy=False, num_logprobs=max_logprobs, penalties=True)
+        return SamplerVariant(greedy=True, num_logprobs=0, penalties=False, masked=masked)
+    return SamplerVariant(greedy=False, num_logprobs=max_logprobs, penalties=True, masked=masked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,9 @@ class RunnerOptions:
     interpret: bool | None = None  # Pallas interpret mode (None: on CPU)
     eos_token_ids: tuple[int, ...] = ()
     banned_width: int = 16  # columns of the banned-ids matrix (EOS and stop ids until min_tokens)
+    # structured outputs: a ``jaxinfer.structured.backend.GrammarBackend`` (its bitmask width decides the masked
+    # token choosers' shapes), or None: no request is constrained, no masked variant is compiled
+    grammar_backend: Any = None
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -132,6 +136,7 @@ class ModelRunner:
         self.max_blocks_per_seq = options.max_blocks_per_seq
         self.banned_width = options.banned_width
         self.draft_q_shape = draft_q_shape
+        self.grammar_backend = options.grammar_backend
         self.max_logprobs = min(MAX_LOGPROBS, cfg.vocab_size)
         self.sharding_plan = sharding_plan
         if sharding_plan is None:
@@ -221,14 +226,19 @@ class ModelRunner:
             k, width = self.draft_q_shape
             draft_q = (jax.ShapeDtypeStruct((k, width, self.cfg.vocab_size), jnp.float32),
                        jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32))
+        bitmask = None
+        if variant.masked:
+            bitmask = jax.ShapeDtypeStruct((rows, self.grammar_backend.words), jnp.int32, sharding=rep)
         args = (logits, self.sampling_arrays(rows, variant), jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep),
-                draft_q)
+                draft_q, bitmask)
         statics = {"greedy": variant.greedy, "num_logprobs": variant.num_logprobs, "penalties": variant.penalties,
                    "speculative": self.plan.verify_width is not None}
 
         def run_once(compiled):  # sampling rows, then (under speculation) a row verifying a draft
             inputs = zeros_like_abstract(args)
             inputs[2][:] = -1
+            if variant.masked:
+                inputs[4][:] = -1  # every token allowed
             jax.block_until_ready(compiled(*inputs))
             if statics["speculative"]:
                 inputs[2][0] = 0
@@ -253,7 +263,15 @@ class ModelRunner:
                      run_once if worth_running else None)
 
     def sampler_variants(self) -> list[SamplerVariant]:
-        return [SamplerVariant(True, 0, False), SamplerVariant(False, self.max_logprobs, True)]
+        """The token choosers' variants: greedy and general, and with structured outputs each again masked."""
+        plain = [SamplerVariant(True, 0, False), SamplerVariant(False, self.max_logprobs, True)]
+        if self.grammar_backend is None:
+            return plain
+        return plain + [dataclasses.replace(v, masked=True) for v in plain]
+
+    def multistep_variants(self) -> list[SamplerVariant]:
+        """Multi-step decoding never carries a constrained sequence (it takes single steps)."""
+        return [v for v in self.sampler_variants() if not v.masked]
 
     def plan_keys(self, samples: bool = True) -> list:
         """Every executable this runner may run: its step shapes and, if it samples (``samples``), its
@@ -263,7 +281,7 @@ class ModelRunner:
             keys += [("prompt_step", s) for s in self.plan.prompt_step_shapes()]
             keys += [("tokens", r, v) for r in self.plan.logits_rows() for v in self.sampler_variants()]
         if samples and self.num_scheduler_steps > 1:
-            keys += [("multistep", s, v) for s in self.decode_shapes() for v in self.sampler_variants()]
+            keys += [("multistep", s, v) for s in self.decode_shapes() for v in self.multistep_variants()]
         return keys
 
     def decode_shapes(self) -> list[StepShape]:
@@ -285,6 +303,7 @@ class ModelRunner:
                 arrays += [np.zeros(key[1].num_tokens)] if key[0] == "prompt_step" else []  # its targets
             else:
                 arrays = jax.tree.leaves(self.sampling_arrays(key[1], key[2])) + [np.zeros(key[1])]
+                arrays += [self._bitmask_like(key[1])] if key[2].masked else []
             words = max(words, sum(int(np.prod(a.shape)) for a in arrays))
         return words
 
@@ -306,9 +325,15 @@ class ModelRunner:
             self._last_logits, _, self.kv_cache = executable(self.params, self.kv_cache, batch, targets)
         else:
             like = self.sampling_arrays(key[1], key[2])
-            *md_leaves, drafts = unpack_arrays(words, jax.tree.leaves(like) + [np.zeros(key[1], np.int32)])
-            md = jax.tree.unflatten(jax.tree.structure(like), md_leaves)
-            jax.block_until_ready(executable(self._last_logits, md, drafts, None))
+            n = len(jax.tree.leaves(like))
+            extra = [self._bitmask_like(key[1])] if key[2].masked else []
+            arrays = unpack_arrays(words, jax.tree.leaves(like) + [np.zeros(key[1], np.int32)] + extra)
+            md = jax.tree.unflatten(jax.tree.structure(like), arrays[:n])
+            bitmask = arrays[n + 1] if extra else None
+            jax.block_until_ready(executable(self._last_logits, md, arrays[n], None, bitmask))
+
+    def _bitmask_like(self, rows: int) -> np.ndarray:
+        return np.zeros((rows, self.grammar_backend.words), np.int32)
 
     @property
     def num_compilations(self) -> int:
@@ -410,8 +435,14 @@ class ModelRunner:
             return StepOutput({}, prompt_rows)
         num_rows = logits.shape[0]
         rows = [(s.seq, s.seq.num_output_tokens + j) for s, j in owners]
-        variant = choose_variant([s.seq.params for s, _ in owners], self.max_logprobs)
+        matchers = [s.seq.grammar for s, _ in owners]
+        masked = any(m is not None for m in matchers)
+        variant = choose_variant([s.seq.params for s, _ in owners], self.max_logprobs, masked)
         md = self.build_sampling_metadata(rows, num_rows, variant)
+        bitmask = None
+        if masked:  # while the device runs the step (dispatched asynchronously above)
+            bitmask = np.full((num_rows, self.grammar_backend.words), -1, np.int32)
+            self.grammar_backend.fill_bitmasks(matchers, bitmask)
         drafts = np.full(num_rows, -1, np.int32)
         drafts[: len(owners)] = [s.seq.spec_token_ids[j] if j < s.num_spec_tokens else -1 for s, j in owners]
         draft_q = None
@@ -419,8 +450,8 @@ class ModelRunner:
             draft_q = draft_q_for([(s.seq, j) for s, j in owners], num_rows)
         key = ("tokens", num_rows, variant)
         if self.sharding_plan is not None:
-            self.channel.publish(self.key_index(key), jax.tree.leaves(md) + [drafts])
-        out = self.executables.get(key)(logits, md, drafts, draft_q)
+            self.channel.publish(self.key_index(key), jax.tree.leaves(md) + [drafts] + ([bitmask] if masked else []))
+        out = self.executables.get(key)(logits, md, drafts, draft_q, bitmask)
         tokens, logprobs, top_ids, top_lps, acc = host_values(
             out.tokens, out.logprobs, out.topk_ids, out.topk_logprobs, out.accepted)
         result: dict[int, list[SampledToken]] = {}
@@ -429,7 +460,8 @@ class ModelRunner:
             if len(emitted) < j or (emitted and j > 0 and not acc[i - 1]):
                 continue  # an earlier draft of this sequence was rejected: later rows are void
             n = s.seq.params.logprobs or 0
-            top = {int(top_ids[i, m]): float(top_lps[i, m]) for m in range(n)}
+            # a token the constraint forbids (-inf) is no candidate: it is left out of the top logprobs
+            top = {int(top_ids[i, m]): float(top_lps[i, m]) for m in range(n) if top_lps[i, m] > -np.inf}
             emitted.append(SampledToken(int(tokens[i]), float(logprobs[i]), top))
         return StepOutput(result, prompt_rows)
 

@@ -33,7 +33,8 @@ executables few (5 in the default configuration) for a feature most steps never 
 
 Sampler executables are keyed by (rows, ``SamplerVariant``): greedy without logprobs, and the general path
 (temperature, top-k/p, min-p, penalties, seeds, the top ``max_logprobs`` logprobs), which also serves
-greedy requests that ask for logprobs.
+greedy requests that ask for logprobs; with structured outputs, each of the two again with a token bitmask
+per row (``masked``), taken by any step that has a constrained row.
 """
 
 from __future__ import annotations
@@ -75,11 +76,13 @@ class SamplerVariant:
     greedy: bool  # every row greedy: argmax only (rows with a temperature must not be present)
     num_logprobs: int  # top logprobs returned per row (0 or the engine's max_logprobs)
     penalties: bool  # presence / frequency / repetition penalties applied (id matrices max_model_len wide)
+    masked: bool = False  # a token bitmask per row (structured outputs: the grammar's allowed tokens)
 
     def __str__(self) -> str:
+        mask = "+masked" if self.masked else ""
         if self.greedy:
-            return "greedy" + (f"+logprobs{self.num_logprobs}" if self.num_logprobs else "")
-        return "general" + ("+penalties" if self.penalties else "") + f"+logprobs{self.num_logprobs}"
+            return "greedy" + (f"+logprobs{self.num_logprobs}" if self.num_logprobs else "") + mask
+        return "general" + ("+penalties" if self.penalties else "") + f"+logprobs{self.num_logprobs}" + mask
 
 
 def bucket(n: int, minimum: int = 1) -> int:

@@ -78,14 +78,18 @@ def _step_body(cfg: ModelConfig, attention_backend: str, interpret: bool | None,
 
 
 @functools.partial(jax.jit, static_argnames=("greedy", "num_logprobs", "penalties", "speculative"))
-def choose_tokens(logits, md, draft_tokens, draft_q=None, *, greedy: bool, num_logprobs: int, penalties: bool,
-                  speculative: bool = True):
+def choose_tokens(logits, md, draft_tokens, draft_q=None, bitmask=None, *, greedy: bool, num_logprobs: int,
+                  penalties: bool, speculative: bool = True):
     """One step's next tokens, [R] rows: a row with a draft token (>= 0) verifies it (the rejection sampler),
     a row without one samples from the target's distribution (the sampler). ``draft_q``: None (point-mass
     drafts: n-gram, or greedy rows) or ``(q_rounds [k, S', V], round [R], slot [R])``, the draft model's
-    distributions and where each row's draft sits in them. ``speculative`` False (an engine without
-    speculation: no row ever has a draft) compiles the sampler alone. Returns a
+    distributions and where each row's draft sits in them. ``bitmask``: None, or the allowed tokens of each row
+    (int32 [R, words], structured outputs): the forbidden ones' logits are -inf before anything else, so
+    greedy, sampling, penalties and logprobs all see the constrained distribution. ``speculative`` False (an
+    engine without speculation: no row ever has a draft) compiles the sampler alone. Returns a
     ``rejection_sampler.VerifyOutput``."""
+    if bitmask is not None:
+        logits = sampler_lib.apply_token_bitmask(logits, bitmask)
     if greedy:  # every row greedy, no penalties: accept iff the draft is the argmax, emit the argmax
         target = sampler_lib.first_argmax(sampler_lib.adjusted_logits(logits, md, with_penalties=False))
         accepted = (draft_tokens >= 0) & (draft_tokens == target)

@@ -91,6 +91,14 @@ def _check_shapes(logits: jax.Array, md: SamplingMetadata) -> None:
             )
 
 
+def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
+    """Logits [S, V] with every token not allowed by ``bitmask`` (int32 [S, ceil(V / 32)] or wider: bit
+    ``t % 32`` of word ``t // 32`` set = token t allowed) at -inf. A row of all bits set is unchanged."""
+    bits = (bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, : logits.shape[-1]].astype(bool)
+    return jnp.where(allowed, logits, -jnp.inf)
+
+
 def _scatter_ids(ids: jax.Array, vocab_size: int) -> jax.Array:
     """Ids ready for a `mode="drop"` scatter: padding and out-of-range ids point past the vocab."""
     return jnp.where((ids >= 0) & (ids < vocab_size), ids, vocab_size)
