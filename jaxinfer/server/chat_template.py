@@ -4,7 +4,7 @@ The template comes from the checkpoint, as transformers looks for it: ``tokenize
 ``chat_template`` (a string, or a list of ``{"name", "template"}`` of which "default" is used), else a
 ``chat_template.jinja`` file beside it. It renders in jinja2's immutable sandbox (a template is code from a
 downloaded file: no attribute access to Python internals, no mutation of the arguments), with the names
-HF templates use: ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``,
+HF templates use: ``messages``, ``tools``, ``add_generation_prompt``, ``bos_token``, ``eos_token``,
 ``raise_exception(msg)`` and ``strftime_now(fmt)``. A template error (including ``raise_exception``) is a
 ``ValueError`` with its message: a bad conversation is the client's error.
 """
@@ -62,9 +62,10 @@ class ChatTemplate:
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """The prompt text; ``tools`` (OpenAI's function tools) reach the template as ``tools``, as in HF."""
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+                                         bos_token=self.bos_token, eos_token=self.eos_token, tools=tools)
         except jinja2.TemplateError as exc:
             raise ValueError(f"the chat template rejected the messages: {exc}") from exc

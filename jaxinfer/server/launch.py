@@ -68,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_REQUEST_CONTEXTS} x max_model_len)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="the largest request body accepted (413 beyond)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model decide whether to call a tool (tool_choice "auto"); needs --tool-call-parser')
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
+                   help="the format the model writes tool calls in (parsed into OpenAI tool_calls)")
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests may take to finish")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -81,7 +85,9 @@ def build(args: argparse.Namespace) -> tuple[Any, str]:
     from jaxinfer.server.chat_template import ChatTemplate, load_chat_template
 
     options = ServerOptions(strict_fields=args.strict_fields, max_n=args.max_n,  # checked before the engine is built
-                            max_request_tokens=args.max_request_tokens, max_body_bytes=args.max_body_bytes)
+                            max_request_tokens=args.max_request_tokens, max_body_bytes=args.max_body_bytes,
+                            enable_auto_tool_choice=args.enable_auto_tool_choice,
+                            tool_call_parser=args.tool_call_parser)
     engine = AsyncLLMEngine.from_config(engine_config(args), max_waiting_requests=args.max_waiting_requests)
     llm_engine = engine.engine
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME

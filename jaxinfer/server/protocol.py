@@ -15,21 +15,29 @@ The field policy: every field is honoured, inert or refused.
   ``parse`` returns the ignored fields' names; the server logs each name once and lists them in the
   ``x-jaxinfer-ignored-fields`` response header.
 * **refused** (``REFUSED``): a field that, ignored, would silently change the result (``logit_bias``,
-  ``suffix``, ``best_of`` other than ``n``, ``tools``, ``response_format`` other than text, guided decoding,
-  beam search, ...) is a 400 naming it when given a value other than its neutral one (``null``, ``false``,
-  empty, or the listed neutral value): a client that sends ``"tools": []`` or ``"logit_bias": {}`` is served.
+  ``suffix``, ``best_of`` other than ``n``, beam search, ...) is a 400 naming it when given a value other than
+  its neutral one (``null``, ``false``, empty, or the listed neutral value): a client that sends
+  ``"logit_bias": {}`` is served.
+
+Structured outputs (``structured_output_params``): ``response_format`` (``text``, ``json_object``,
+``json_schema``), vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar``,
+``json_object``, ``whitespace_pattern``) and, as aliases of it, the older ``guided_json`` / ``guided_regex`` /
+``guided_choice`` / ``guided_grammar`` (removed from vLLM 0.12, still sent by older clients). At most one
+constraint per request: two are a 400 naming the second.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import SamplingParams, StructuredOutputsParams
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_CHOICES = ("none", "auto", "required")
 MAX_TOP_LOGPROBS = 20  # as SamplingParams.logprobs
 
 
@@ -60,7 +68,7 @@ class FieldError(ValueError):
 
 
 # The neutral value of a refused field: given it, the field changes nothing (besides null / false / empty).
-_NEUTRAL = {"response_format": {"type": "text"}, "tool_choice": "none", "modalities": ["text"],
+_NEUTRAL = {"response_format": {"type": "text"}, "modalities": ["text"],
             "truncation": "disabled", "spaces_between_special_tokens": True, "text": {"format": {"type": "text"}}}
 
 
@@ -111,17 +119,13 @@ def _check_part(value: Any, strict: bool, path: str) -> list[str]:
     return []
 
 
+_STRUCTURED_KEYS = frozenset({"json", "regex", "choice", "grammar", "json_object", "whitespace_pattern"})
 # Fields that vLLM's or SGLang's clients and routers send and that change nothing here.
 _ROUTER_INERT = ("no_stop_trim", "separate_reasoning", "stream_reasoning", "include_reasoning", "priority",
                  "request_id", "cache_salt")
 _REFUSED_COMMON = {
     "logit_bias": "logit_bias is not implemented; sending it would silently sample without the bias",
-    "guided_json": "guided decoding is not implemented yet",
-    "guided_regex": "guided decoding is not implemented yet",
-    "guided_choice": "guided decoding is not implemented yet",
-    "guided_grammar": "guided decoding is not implemented yet",
-    "structured_outputs": "structured outputs are not implemented yet",
-    "response_format": "structured outputs (response_format other than text) are not implemented yet",
+    "guided_decoding_backend": "a per-request grammar backend is not selectable (this server uses llguidance)",
     "use_beam_search": "beam search is not implemented",
     "length_penalty": "length_penalty applies to beam search, which is not implemented",
     "allowed_token_ids": "allowed_token_ids is not implemented",
@@ -161,6 +165,14 @@ class _Sampling(_Body):
     service_tier: Any = None
     INERT = ("user", "store", "metadata", "service_tier")
     REFUSED = dict(_REFUSED_COMMON)
+    # structured outputs (see the module docstring)
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
     # vLLM's extras
     top_k: int | None = None
     min_p: float | None = None
@@ -182,7 +194,63 @@ class _Sampling(_Body):
         return SamplingParams(
             **given, seed=self.seed, max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, include_stop_str_in_output=self.include_stop_str_in_output,
-            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens)
+            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=self.structured_output_params())
+
+    def structured_output_params(self) -> StructuredOutputsParams | None:
+        """The request's constraint (``response_format``, ``structured_outputs`` or a ``guided_*`` alias), or
+        None; ``FieldError`` naming the field when it is malformed or a second constraint is given."""
+        found: list[tuple[str, dict]] = []
+        rf = self.response_format
+        if rf is not None:
+            kind = rf.get("type")
+            if kind == "json_object":
+                found.append(("response_format", {"json_object": True}))
+            elif kind == "json_schema":
+                spec = rf.get("json_schema")
+                if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+                    raise FieldError("response_format.json_schema", "response_format.json_schema must be an object "
+                                     "with a 'schema' (a JSON schema object)")
+                # strict or not, the schema is enforced (as vLLM does); a missing schema allows any JSON value
+                found.append(("response_format", {"json": spec.get("schema", {})}))
+            elif kind != "text":
+                raise FieldError("response_format.type", f"response_format.type must be 'text', 'json_object' or "
+                                 f"'json_schema', got {kind!r}")
+        if self.structured_outputs is not None:
+            unknown = sorted(set(self.structured_outputs) - _STRUCTURED_KEYS)
+            if unknown:
+                raise FieldError(f"structured_outputs.{unknown[0]}", f"structured_outputs.{unknown[0]} is not "
+                                 f"supported (supported: {sorted(_STRUCTURED_KEYS)})")
+            found.append(("structured_outputs", {k: v for k, v in self.structured_outputs.items() if v is not None}))
+        for alias, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                           ("guided_grammar", "grammar")):
+            if getattr(self, alias) is not None:
+                found.append((alias, {key: getattr(self, alias)}))
+        if not found:
+            return None
+        if len(found) > 1:
+            raise FieldError(found[1][0], f"give one constraint per request: {found[0][0]} and {found[1][0]} "
+                                          "were both given")
+        field, kwargs = found[0]
+        if self.guided_whitespace_pattern is not None:
+            kwargs.setdefault("whitespace_pattern", self.guided_whitespace_pattern)
+        try:
+            return StructuredOutputsParams(**kwargs)
+        except ValueError as exc:
+            raise FieldError(field, str(exc).replace("structured_outputs", field, 1)) from None
+
+    @property
+    def constraint_field(self) -> str:
+        """The request field its constraint came from (for error messages' ``param``)."""
+        for name in ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+            if getattr(self, name) is not None and (name != "response_format" or
+                                                    self.response_format.get("type") != "text"):
+                return name
+        return "structured_outputs"
+
+    def param_aliases(self) -> dict[str, str]:
+        """Engine field -> this request's field, for error messages' ``param``."""
+        return {"structured_outputs": self.constraint_field}
 
     @property
     def include_usage(self) -> bool:
@@ -248,15 +316,43 @@ class TextPart(_Body):
         return super().check_fields(strict, prefix)
 
 
+class CalledFunction(_Body):
+    name: str
+    arguments: str | dict = "{}"  # OpenAI sends the JSON text; some clients the object
+
+
+class ToolCallItem(_Body):
+    """An assistant message's earlier tool call (history)."""
+
+    id: str | None = None
+    type: str = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
-    REFUSED = {"tool_calls": "tool calls are not implemented yet", "tool_call_id": "tool messages are not "
-               "implemented yet", "function_call": "function calls are not implemented"}
+    tool_calls: list[ToolCallItem] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: which call this is the result of
+    REFUSED = {"function_call": "function calls (the deprecated API) are not implemented: use tools"}
     INERT = ("refusal", "reasoning_content")
     refusal: Any = None
     reasoning_content: Any = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as HF chat templates read it: tool calls' arguments as objects (templates write them with
+        ``tojson``), a tool result's ``tool_call_id``."""
+        d: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name:
+            d["name"] = self.name
+        if self.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": c.type,
+                                "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                               for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        return d
 
     def text(self) -> str:
         if self.content is None:
@@ -266,6 +362,24 @@ class ChatMessage(_Body):
         return "".join(part.text for part in self.content)
 
 
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema; None: no arguments ({"type": "object"})
+    strict: bool | None = None  # the schema is enforced for required / named calls either way
+
+
+class ToolDefinition(_Body):
+    type: str
+    function: FunctionDefinition
+
+    def check_fields(self, strict: bool, prefix: str = "") -> list[str]:
+        if self.type != "function":
+            raise FieldError(prefix + "type", f"{prefix}type: only tools of type 'function' are supported, got "
+                                              f"{self.type!r}")
+        return super().check_fields(strict, prefix)
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
     max_tokens: int | None = None
@@ -273,13 +387,13 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    parallel_tool_calls: Any = None  # inert: no tools are called
+    tools: list[ToolDefinition] | None = None
+    tool_choice: str | dict | None = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
+    parallel_tool_calls: bool | None = None  # None: True (OpenAI's default)
     reasoning_effort: Any = None  # inert: the model does not reason
     prediction: Any = None  # inert: predicted outputs only speed up generation
-    INERT = _Sampling.INERT + _ROUTER_INERT + ("parallel_tool_calls", "reasoning_effort", "prediction")
+    INERT = _Sampling.INERT + _ROUTER_INERT + ("reasoning_effort", "prediction")
     REFUSED = {**_REFUSED_COMMON,
-               "tools": "tools are not implemented yet (they would be ignored and no tool call made)",
-               "tool_choice": "tools are not implemented yet",
                "functions": "functions are not implemented",
                "function_call": "functions are not implemented",
                "modalities": "only text output is implemented",
@@ -298,6 +412,38 @@ class ChatCompletionRequest(_Sampling):
             if m.role not in CHAT_ROLES:
                 raise ValueError(f"messages[{i}].role {m.role!r} is not supported; use one of {list(CHAT_ROLES)}")
 
+    def tool_mode(self) -> tuple[str, str | None]:
+        """(mode, function name): mode "none" (no tools, or tool_choice "none"), "auto", "required" or "named"
+        (the name given). ``FieldError`` for a tool_choice that names no given tool or is malformed."""
+        tools = self.tools or []
+        choice = self.tool_choice
+        if choice is None:
+            return ("auto" if tools else "none"), None
+        if isinstance(choice, str):
+            if choice not in TOOL_CHOICES:
+                raise FieldError("tool_choice", f"tool_choice must be one of {list(TOOL_CHOICES)} or a named "
+                                                f"function, got {choice!r}")
+            if choice != "none" and not tools:
+                raise FieldError("tool_choice", f"tool_choice {choice!r} needs tools")
+            return choice, None
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise FieldError("tool_choice", 'a named tool_choice is {"type": "function", "function": {"name": ...}}')
+        if name not in {t.function.name for t in tools}:
+            raise FieldError("tool_choice", f"tool_choice names {name!r}, which is not among the tools "
+                                            f"{[t.function.name for t in tools]}")
+        return "named", name
+
+    def tool_dicts(self) -> list[dict] | None:
+        """The tools as chat templates and parsers read them (OpenAI's shape, parameters defaulted)."""
+        if not self.tools:
+            return None
+        return [{"type": "function", "function": {
+            "name": t.function.name, **({"description": t.function.description} if t.function.description else {}),
+            "parameters": t.function.parameters if t.function.parameters is not None else {"type": "object"}}}
+            for t in self.tools]
+
     def to_sampling_params(self) -> SamplingParams:
         self.check_messages()
         if self.max_tokens is not None and self.max_completion_tokens is not None:
@@ -313,12 +459,21 @@ class ChatCompletionRequest(_Sampling):
 
     def param_aliases(self) -> dict[str, str]:
         """Engine field -> this request's field, for error messages' ``param``."""
-        return {"logprobs": "top_logprobs",
+        return {**super().param_aliases(), "logprobs": "top_logprobs",
                 "max_tokens": "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"}
 
-    def dicts(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-                for m in self.messages]
+    def dicts(self) -> list[dict[str, Any]]:
+        return [m.template_dict() for m in self.messages]
+
+
+def _arguments(arguments: str | dict) -> Any:
+    """A history tool call's arguments as an object (the JSON text parsed; left as text if it does not parse)."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 class TokenizeRequest(_Body):
@@ -358,8 +513,9 @@ def field_error(exc: ValueError, aliases: dict[str, str] | None = None) -> APIEr
     ``param`` is the request's name for that field (``aliases``: engine name -> request name)."""
     if isinstance(exc, FieldError):
         return APIError(400, str(exc), param=exc.field)
-    first = str(exc).split(" ", 1)[0]
-    param = (aliases or {}).get(first, first) if first in _SAMPLING_FIELDS else None
+    first = str(exc).split(" ", 1)[0].rstrip(":")
+    head = first.split(".", 1)[0]  # "structured_outputs.json does not compile: ..." names structured_outputs
+    param = (aliases or {}).get(head, first) if head in _SAMPLING_FIELDS else None
     return APIError(400, str(exc), param=param)
 
 

@@ -26,6 +26,7 @@ from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.server.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloadedError
 from jaxinfer.server.chat_template import ChatTemplate
+from jaxinfer.server.chat_tools import plan_tools
 from jaxinfer.server.options import ServerOptions
 from jaxinfer.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, field_error
 from jaxinfer.server.text_stream import CompletionDeltas
@@ -33,14 +34,14 @@ from jaxinfer.server.text_stream import CompletionDeltas
 RETRY_AFTER_S = 1
 
 
-def engine_error(exc: Exception) -> APIError:
-    """The HTTP form of what the engine raised."""
+def engine_error(exc: Exception, aliases: dict[str, str] | None = None) -> APIError:
+    """The HTTP form of what the engine raised (``aliases``: engine field -> the request's, for ``param``)."""
     if isinstance(exc, EngineDeadError):
         return APIError(500, str(exc), code="engine_dead")
     if isinstance(exc, EngineOverloadedError):
         return APIError(503, str(exc), code="overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, ValueError):
-        return field_error(exc)
+        return field_error(exc, aliases)
     raise exc
 
 
@@ -63,14 +64,16 @@ class OpenAIServing:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    def start(self, prompts: list[Any], params: SamplingParams, prefix: str) -> tuple[str, list, list]:
-        """Validate all prompts, check capacity, then start one engine request per prompt."""
+    def start(self, prompts: list[Any], params: SamplingParams, prefix: str,
+              aliases: dict[str, str] | None = None) -> tuple[str, list, list]:
+        """Validate all prompts, check capacity, then start one engine request per prompt (``aliases``: engine
+        field -> the request's, for the ``param`` of an error)."""
         try:
             validated = [self.engine.validate(p, params) for p in prompts]
             self._check_bounds(params, validated)
             self.engine.check_capacity(len(prompts))
         except (ValueError, EngineDeadError, EngineOverloadedError) as exc:
-            raise engine_error(exc) from None
+            raise engine_error(exc, aliases) from None
         rid = f"{prefix}-{uuid.uuid4().hex}"
         arrival = time.monotonic()
         gens = [self.engine.generate({"prompt_token_ids": ids}, params, f"{rid}-{i}" if len(prompts) > 1 else rid,
@@ -114,8 +117,8 @@ class OpenAIServing:
             params = req.to_sampling_params()
             prompts = req.prompts()
         except ValueError as exc:
-            raise field_error(exc) from None
-        rid, validated, gens = self.start(prompts, params, "cmpl")
+            raise field_error(exc, req.param_aliases()) from None
+        rid, validated, gens = self.start(prompts, params, "cmpl", req.param_aliases())
         merged = merge(gens)
         first = await self.first_output(merged)
         created = int(time.time())
@@ -217,12 +220,12 @@ class OpenAIServing:
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
     # ------------------------------------------------------------------------------------------- chat
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> list[int]:
         if self.chat_template is None or self.tokenizer is None:
             raise APIError(400, "this model has no chat template (tokenizer_config.json 'chat_template' or "
                                 "chat_template.jinja): use /v1/completions")
         try:
-            text = self.chat_template.render(messages, add_generation_prompt)
+            text = self.chat_template.render(messages, add_generation_prompt, tools)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -231,23 +234,26 @@ class OpenAIServing:
         self.check_model(req.model)
         try:
             params = req.to_sampling_params()
+            tools = plan_tools(req, self.options, self.tokenizer)
+            params = tools.apply(params)
         except ValueError as exc:
             raise field_error(exc, req.param_aliases()) from None
-        ids = self.render_chat(req.dicts(), req.add_generation_prompt)
-        rid, _, gens = self.start([{"prompt_token_ids": ids}], params, "chatcmpl")
+        ids = self.render_chat(req.dicts(), req.add_generation_prompt, tools.tools)
+        rid, _, gens = self.start([{"prompt_token_ids": ids}], params, "chatcmpl", req.param_aliases())
         merged = merge(gens)
         first = await self.first_output(merged)
         created = int(time.time())
         top = req.top_logprobs or 0
         if req.stream:
-            return self._stream_chat(req, params, rid, created, merged, first, top)
+            return self._stream_chat(req, params, rid, created, merged, first, top, tools)
         (out,) = await collect(merged, first, 1, raw_request)
         choices = []
         for c in out.outputs:
-            choice = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+            message, finish_reason = tools.message(c.text, c.finish_reason)
+            choice = {"index": c.index, "message": message,
                       "logprobs": {"content": self.chat_logprobs(c.token_ids, c.logprobs, top)}
                       if req.logprobs else None,
-                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                      "finish_reason": finish_reason, "stop_reason": c.stop_reason}
             if req.return_token_ids:
                 choice.update(token_ids=c.token_ids, prompt_token_ids=out.prompt_token_ids)
             choices.append(choice)
@@ -256,8 +262,9 @@ class OpenAIServing:
                 "usage": _usage(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs),
                                 out.num_cached_tokens)}
 
-    async def _stream_chat(self, req, params, rid, created, merged, first, top) -> AsyncIterator[str]:
+    async def _stream_chat(self, req, params, rid, created, merged, first, top, tools) -> AsyncIterator[str]:
         deltas = {i: CompletionDeltas(params.stop) for i in range(params.n)}
+        calls = {i: tools.streamer() for i in range(params.n)}  # None without a tool-call parser
         done: set[int] = set()
         n_prompt, n_out, n_cached = len(first[1].prompt_token_ids), {}, [first[1].num_cached_tokens]
 
@@ -270,14 +277,25 @@ class OpenAIServing:
                 if not (text or ids or c.finish_reason):
                     continue
                 n_out[c.index] = len(c.token_ids)
-                choice = {"index": c.index, "delta": {"content": text} if text else {},
-                          "logprobs": {"content": self.chat_logprobs(ids, logprobs, top)} if req.logprobs
-                          else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-                if req.return_token_ids:
-                    choice["token_ids"] = ids
-                if c.finish_reason is not None:
+                finished = c.finish_reason is not None
+                stream = calls[c.index]
+                if stream is None:
+                    pieces, finish_reason = [{"content": text} if text else {}], c.finish_reason
+                else:  # content, and each tool call once it is complete
+                    pieces, finish_reason = stream.pieces(text, finished), stream.finish_reason(c.finish_reason)
+                    if not pieces and (finished or (ids and (req.logprobs or req.return_token_ids))):
+                        pieces = [{}]
+                for k, piece in enumerate(pieces):
+                    last = k == len(pieces) - 1
+                    choice = {"index": c.index, "delta": piece,
+                              "logprobs": {"content": self.chat_logprobs(ids, logprobs, top)} if req.logprobs and k == 0
+                              else None, "finish_reason": finish_reason if last else None,
+                              "stop_reason": c.stop_reason if last else None}
+                    if req.return_token_ids:
+                        choice["token_ids"] = ids if k == 0 else []
+                    yield choice
+                if finished:
                     done.add(c.index)
-                yield choice
 
         base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
