@@ -64,10 +64,11 @@ REFUSED = [
     ("/v1/completions", {"prompt": "x", "logit_bias": {"50": 100}}, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "suffix": "end"}, "suffix"),
     ("/v1/completions", {"prompt": "x", "best_of": 3}, "best_of"),
-    ("/v1/completions", {"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
+    ("/v1/completions", {"prompt": "x", "guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
+    # tools without tool_choice mean "auto", which this server (no --enable-auto-tool-choice) cannot serve
     ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
-     "tools"),
-    ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+     "tool_choice"),
+    ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "messages[0].content[0].type"),
     ("/v1/chat/completions", {"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
