@@ -26,6 +26,8 @@ EXPERIMENTS = {
     "quant": "bench.quant",
     "gpu-compile": "bench.gpu_compile.cli",
     "clients": "bench.clients.cli",
+    "structured": "bench.structured.cli",
+    "structured-masks": "bench.structured.mask_cost",
 }
 
 

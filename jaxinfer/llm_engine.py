@@ -369,6 +369,9 @@ class LLMEngine:
             "compilation": self.config.compilation,
             "num_steps": self.num_steps,
             "num_forced_tokens": self.output_processor.num_forced_tokens,  # structured outputs' jump-forward
+            # host time computing token masks, and how many (structured outputs)
+            "structured_mask_seconds": self.grammar_backend.mask_time.seconds if self.grammar_backend else 0.0,
+            "structured_masks": self.grammar_backend.mask_time.rows if self.grammar_backend else 0,
             "speculation_arms": self.spec_controller.summary() if self.spec_controller is not None else {},
             "quantization": self.quantization,  # what was quantized, weight bytes before / after
         }

@@ -17,10 +17,11 @@ from __future__ import annotations
 import collections
 import json
 import re
+import time
 from typing import Any, Iterable
 
 from jaxinfer.sampling_params import StructuredOutputsParams
-from jaxinfer.structured.matcher import GrammarMatcher
+from jaxinfer.structured.matcher import GrammarMatcher, MaskTime
 
 _GBNF_RULE = re.compile(r"^\s*[A-Za-z][\w-]*\s*::=", re.MULTILINE)  # a rule line of a GBNF grammar
 INSTALL_HINT = "structured outputs need llguidance: pip install 'jaxinfer[structured]' (or pip install llguidance)"
@@ -62,6 +63,7 @@ class GrammarBackend:
         self.words = bitmask_words(self.num_tokens)
         self.whitespace_pattern = whitespace_pattern
         self.executor = llg.LLExecutor()
+        self.mask_time = MaskTime()  # host time its masks took (engine stats: structured_mask_seconds)
         self._cache: collections.OrderedDict[Any, str] = collections.OrderedDict()
         self._cache_size = cache_size
 
@@ -136,7 +138,7 @@ class GrammarBackend:
         m = self._llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if m.is_error():
             raise ValueError(f"structured_outputs does not compile: {m.get_error()}")
-        return GrammarMatcher(m, self.words, self.eos_token_ids)
+        return GrammarMatcher(m, self.words, self.eos_token_ids, self.mask_time)
 
     def fill_bitmasks(self, matchers: list[GrammarMatcher | None], bitmask) -> None:
         """Row r of ``bitmask`` (int32 [rows, words], all bits set on entry) <- the tokens ``matchers[r]`` allows
@@ -152,7 +154,9 @@ class GrammarBackend:
             else:
                 todo.append((m.ll_matcher, row))
         if todo:
+            t = time.perf_counter()
             self.executor.unsafe_compute_mask_ptr(todo, bitmask.ctypes.data, self.words * 4, bitmask.shape[0])
+            self.mask_time.add(time.perf_counter() - t, len(todo))
 
 
 def _lark_string(text: str) -> str:

@@ -11,12 +11,28 @@ K/V but keeps the tokens, so the matcher needs no restoring.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import numpy as np
 
 
+@dataclasses.dataclass
+class MaskTime:
+    """Host time spent computing token masks (one per backend: its matchers and its batched fills add to it)."""
+
+    seconds: float = 0.0
+    rows: int = 0  # masks computed
+
+    def add(self, seconds: float, rows: int) -> None:
+        self.seconds += seconds
+        self.rows += rows
+
+
 class GrammarMatcher:
-    def __init__(self, ll_matcher, words: int, eos_token_ids: tuple[int, ...]):
+    def __init__(self, ll_matcher, words: int, eos_token_ids: tuple[int, ...], timing: MaskTime | None = None):
         self.ll_matcher = ll_matcher
+        self.timing = timing if timing is not None else MaskTime()
         self.words = words
         self.eos_token_ids = eos_token_ids
         self._mask: np.ndarray | None = None  # the current state's mask, once computed
@@ -35,13 +51,19 @@ class GrammarMatcher:
     def mask(self) -> np.ndarray:
         """The allowed-token bitmask of the current state (int32 [words])."""
         if self._mask is None:
+            t = time.perf_counter()
             row = np.full((1, self.words), -1, np.int32)
             self.ll_matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
             self._mask = row[0]
+            self.timing.add(time.perf_counter() - t, 1)
         return self._mask
 
     def forced_token(self) -> int | None:
-        """The one token the grammar allows next, or None when it allows several (or none)."""
+        """The one token the grammar allows next, or None when it allows several (or none). Where the grammar
+        forces no bytes (llguidance answers that in microseconds) one token cannot be forced either, and no mask
+        is computed here (the step's batched fill computes it, while the device runs)."""
+        if self._mask is None and not self.ll_matcher.compute_ff_bytes():
+            return None
         mask = self.mask()
         nonzero = np.flatnonzero(mask)
         if len(nonzero) != 1:
