@@ -80,7 +80,10 @@ def _tokens_build(model: str, rows: int, variant: SamplerVariant, compiler):
                            jax.ShapeDtypeStruct((rows,), jnp.int32)))
     statics = {"greedy": variant.greedy, "num_logprobs": variant.num_logprobs, "penalties": variant.penalties,
                "speculative": False}
-    return choose_tokens, (*args, None), statics
+    bitmask = None
+    if variant.masked:  # structured outputs: the grammar's allowed tokens per row (jaxinfer.structured)
+        (bitmask,) = compiler.place((jax.ShapeDtypeStruct((rows, -(-cfg.vocab_size // 32)), jnp.int32),))
+    return choose_tokens, (*args, None, bitmask), statics
 
 
 def engine_cases(layers: int | None = None) -> list[CompileCase]:
@@ -97,7 +100,8 @@ def engine_cases(layers: int | None = None) -> list[CompileCase]:
     for kind, token_counts in STEP_TOKENS.items():
         for t in token_counts:
             step("llama-2-7b", kind, t, quick=(kind, t) == ("decode", 8))
-    for variant in (SamplerVariant(True, 0, False), SamplerVariant(False, 20, True)):
+    for variant in (SamplerVariant(True, 0, False), SamplerVariant(False, 20, True),
+                    SamplerVariant(True, 0, False, masked=True), SamplerVariant(False, 20, True, masked=True)):
         out.append(CompileCase("engine", f"llama-2-7b token chooser rows=16 ({variant})",
                                functools.partial(_tokens_build, "llama-2-7b", 16, variant),
                                quick=variant.greedy))

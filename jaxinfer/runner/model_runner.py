@@ -35,6 +35,7 @@ from jaxinfer.runner.compile_cache import ExecutableCache
 from jaxinfer.runner.executables import Entry, Executables, abstract
 from jaxinfer.runner.multihost import Channel, host_values, unpack_arrays
 from jaxinfer.runner.multistep import make_multistep_fn
+from jaxinfer.runner.sampling_inputs import choose_variant, sampling_metadata
 from jaxinfer.runner.shape_plan import SamplerVariant, ShapePlan, StepShape
 from jaxinfer.runner.step_functions import (
     abstract_sampling_metadata,
@@ -73,16 +74,6 @@ class StepOutput:
 
     tokens: dict[int, list[SampledToken]]  # seq_id -> the tokens it emits
     prompt_logprobs: dict[int, list[PromptLogprobRow]] = dataclasses.field(default_factory=dict)  # seq_id -> rows
-
-
-def choose_variant(params: list, max_logprobs: int, masked: bool = False) -> SamplerVariant:
-    """The cheapest compiled token chooser that serves every row's parameters exactly: greedy rows without
-    penalties or logprobs take the argmax path; anything else the general one (penalties cost nothing
-    measurable when zero: CPU, 4,096-token vocabulary, 1-64 rows). ``masked``: some row is constrained (its
-    variant applies a token bitmask)."""
-    if all(p.greedy and not p.has_penalties and p.logprobs is None for p in params):
-        return SamplerVariant(greedy=True, num_logprobs=0, penalties=False, masked=masked)
-    return SamplerVariant(greedy=False, num_logprobs=max_logprobs, penalties=True, masked=masked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,51 +356,8 @@ class ModelRunner:
         return logits, rows, scored
 
     def build_sampling_metadata(self, rows: list[tuple], num_rows: int, variant: SamplerVariant):
-        """Per-row sampling parameters as numpy arrays. ``rows``: (sequence, index of the token sampled at
-        this row). The id matrices have ``variant``'s fixed widths."""
-        seqs = [q for q, _ in rows]
-        params = [q.params for q in seqs]
-
-        def col(values, dtype, fill):
-            arr = np.full(num_rows, fill, dtype)
-            arr[: len(values)] = values
-            return arr
-
-        def id_matrix(lists, width):
-            mat = np.full((num_rows, width), -1, np.int32)
-            for i, x in enumerate(lists):
-                mat[i, : len(x)] = x
-            return mat
-
-        if variant.penalties:
-            prompt_ids = id_matrix([q.token_ids[: q.num_prompt_tokens] for q in seqs], self.max_model_len)
-            output_ids = id_matrix([q.output_token_ids for q in seqs], self.max_model_len)
-        else:
-            prompt_ids = output_ids = np.full((num_rows, 1), -1, np.int32)
-        banned = id_matrix([self._banned_ids(q, step) for q, step in rows], self.banned_width)
-        return sampler_lib.SamplingMetadata(
-            temperature=col([p.temperature for p in params], np.float32, 0.0),
-            top_k=col([p.top_k for p in params], np.int32, 0),
-            top_p=col([p.top_p for p in params], np.float32, 1.0),
-            min_p=col([p.min_p for p in params], np.float32, 0.0),
-            presence_penalty=col([p.presence_penalty for p in params], np.float32, 0.0),
-            frequency_penalty=col([p.frequency_penalty for p in params], np.float32, 0.0),
-            repetition_penalty=col([p.repetition_penalty for p in params], np.float32, 1.0),
-            seeds=col([q.seed for q in seqs], np.uint32, 0),
-            steps=col([step for _, step in rows], np.int32, 0),
-            prompt_token_ids=prompt_ids,
-            output_token_ids=output_ids,
-            banned_token_ids=banned,
-        )  # numpy arrays: a compiled call transfers them in microseconds; device_put of the pytree ~0.2 ms
-
-    def _banned_ids(self, seq, step: int) -> list[int]:
-        p = seq.params
-        if step >= p.min_tokens:
-            return []
-        ids = list(p.stop_token_ids)
-        if not p.ignore_eos:
-            ids += list(self.eos_token_ids)
-        return ids
+        """Per-row sampling parameters as numpy arrays (``runner.sampling_inputs.sampling_metadata``)."""
+        return sampling_metadata(rows, num_rows, variant, self.max_model_len, self.banned_width, self.eos_token_ids)
 
     # --------------------------------------------------------------- executing
     def execute(self, scheduled: list[ScheduledSeq], draft_q_for=None) -> StepOutput:

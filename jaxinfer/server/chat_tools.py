@@ -28,6 +28,7 @@ from jaxinfer.server.options import ServerOptions
 from jaxinfer.server.tool_parsers import ToolParser, get_tool_parser
 
 MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
+TOOL_CHOICES = ("none", "auto", "required")
 FORCED_PARSER = "hermes"  # the format of required / named calls on a server without --tool-call-parser
 
 
@@ -91,10 +92,44 @@ class ToolDeltas:
 
 def plan_tools(req: ChatCompletionRequest, options: ServerOptions, tokenizer) -> ToolPlan:
     """A chat request's tool plan; ``FieldError`` naming the field when it cannot be served."""
-    mode, _ = req.tool_mode()
+    mode = tool_mode(req)
     conflict = req.constraint_field if req.structured_output_params() is not None else None
-    return make_tool_plan(mode, req.tool_dicts(), req.tool_choice, req.parallel_tool_calls is not False, options,
+    return make_tool_plan(mode, tool_dicts(req), req.tool_choice, req.parallel_tool_calls is not False, options,
                           tokenizer, conflict)
+
+
+def tool_mode(req: ChatCompletionRequest) -> str:
+    """"none" (no tools, or tool_choice "none"), "auto", "required" or "named"; ``FieldError`` for a tool_choice
+    that names no given tool or is malformed."""
+    tools = req.tools or []
+    choice = req.tool_choice
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise FieldError("tool_choice", f"tool_choice must be one of {list(TOOL_CHOICES)} or a named function, "
+                                            f"got {choice!r}")
+        if choice != "none" and not tools:
+            raise FieldError("tool_choice", f"tool_choice {choice!r} needs tools")
+        return choice
+    function = choice.get("function") if choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise FieldError("tool_choice", 'a named tool_choice is {"type": "function", "function": {"name": ...}}')
+    if name not in {t.function.name for t in tools}:
+        raise FieldError("tool_choice", f"tool_choice names {name!r}, which is not among the tools "
+                                        f"{[t.function.name for t in tools]}")
+    return "named"
+
+
+def tool_dicts(req: ChatCompletionRequest) -> list[dict] | None:
+    """The tools as chat templates and parsers read them (OpenAI's shape, parameters defaulted)."""
+    if not req.tools:
+        return None
+    return [{"type": "function", "function": {
+        "name": t.function.name, **({"description": t.function.description} if t.function.description else {}),
+        "parameters": t.function.parameters if t.function.parameters is not None else {"type": "object"}}}
+        for t in req.tools]
 
 
 def make_tool_plan(mode: str, tools: list[dict] | None, tool_choice: Any, parallel: bool, options: ServerOptions,

@@ -35,9 +35,10 @@ from typing import Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jaxinfer.sampling_params import SamplingParams, StructuredOutputsParams
+from jaxinfer.server.constraint_fields import constraint_of
+from jaxinfer.server.field_error import FieldError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-TOOL_CHOICES = ("none", "auto", "required")
 MAX_TOP_LOGPROBS = 20  # as SamplingParams.logprobs
 
 
@@ -58,13 +59,6 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
                           "param": self.param, "code": self.code}}
 
-
-class FieldError(ValueError):
-    """A request field's value is refused: a 400 whose ``param`` is ``field``."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
 
 
 # The neutral value of a refused field: given it, the field changes nothing (besides null / false / empty).
@@ -119,7 +113,6 @@ def _check_part(value: Any, strict: bool, path: str) -> list[str]:
     return []
 
 
-_STRUCTURED_KEYS = frozenset({"json", "regex", "choice", "grammar", "json_object", "whitespace_pattern"})
 # Fields that vLLM's or SGLang's clients and routers send and that change nothing here.
 _ROUTER_INERT = ("no_stop_trim", "separate_reasoning", "stream_reasoning", "include_reasoning", "priority",
                  "request_id", "cache_salt")
@@ -199,45 +192,8 @@ class _Sampling(_Body):
 
     def structured_output_params(self) -> StructuredOutputsParams | None:
         """The request's constraint (``response_format``, ``structured_outputs`` or a ``guided_*`` alias), or
-        None; ``FieldError`` naming the field when it is malformed or a second constraint is given."""
-        found: list[tuple[str, dict]] = []
-        rf = self.response_format
-        if rf is not None:
-            kind = rf.get("type")
-            if kind == "json_object":
-                found.append(("response_format", {"json_object": True}))
-            elif kind == "json_schema":
-                spec = rf.get("json_schema")
-                if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
-                    raise FieldError("response_format.json_schema", "response_format.json_schema must be an object "
-                                     "with a 'schema' (a JSON schema object)")
-                # strict or not, the schema is enforced (as vLLM does); a missing schema allows any JSON value
-                found.append(("response_format", {"json": spec.get("schema", {})}))
-            elif kind != "text":
-                raise FieldError("response_format.type", f"response_format.type must be 'text', 'json_object' or "
-                                 f"'json_schema', got {kind!r}")
-        if self.structured_outputs is not None:
-            unknown = sorted(set(self.structured_outputs) - _STRUCTURED_KEYS)
-            if unknown:
-                raise FieldError(f"structured_outputs.{unknown[0]}", f"structured_outputs.{unknown[0]} is not "
-                                 f"supported (supported: {sorted(_STRUCTURED_KEYS)})")
-            found.append(("structured_outputs", {k: v for k, v in self.structured_outputs.items() if v is not None}))
-        for alias, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                           ("guided_grammar", "grammar")):
-            if getattr(self, alias) is not None:
-                found.append((alias, {key: getattr(self, alias)}))
-        if not found:
-            return None
-        if len(found) > 1:
-            raise FieldError(found[1][0], f"give one constraint per request: {found[0][0]} and {found[1][0]} "
-                                          "were both given")
-        field, kwargs = found[0]
-        if self.guided_whitespace_pattern is not None:
-            kwargs.setdefault("whitespace_pattern", self.guided_whitespace_pattern)
-        try:
-            return StructuredOutputsParams(**kwargs)
-        except ValueError as exc:
-            raise FieldError(field, str(exc).replace("structured_outputs", field, 1)) from None
+        None; ``FieldError`` naming the field when it is malformed or a second one is given."""
+        return constraint_of(self)
 
     @property
     def constraint_field(self) -> str:
@@ -411,38 +367,6 @@ class ChatCompletionRequest(_Sampling):
         for i, m in enumerate(self.messages):
             if m.role not in CHAT_ROLES:
                 raise ValueError(f"messages[{i}].role {m.role!r} is not supported; use one of {list(CHAT_ROLES)}")
-
-    def tool_mode(self) -> tuple[str, str | None]:
-        """(mode, function name): mode "none" (no tools, or tool_choice "none"), "auto", "required" or "named"
-        (the name given). ``FieldError`` for a tool_choice that names no given tool or is malformed."""
-        tools = self.tools or []
-        choice = self.tool_choice
-        if choice is None:
-            return ("auto" if tools else "none"), None
-        if isinstance(choice, str):
-            if choice not in TOOL_CHOICES:
-                raise FieldError("tool_choice", f"tool_choice must be one of {list(TOOL_CHOICES)} or a named "
-                                                f"function, got {choice!r}")
-            if choice != "none" and not tools:
-                raise FieldError("tool_choice", f"tool_choice {choice!r} needs tools")
-            return choice, None
-        function = choice.get("function") if choice.get("type") == "function" else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str):
-            raise FieldError("tool_choice", 'a named tool_choice is {"type": "function", "function": {"name": ...}}')
-        if name not in {t.function.name for t in tools}:
-            raise FieldError("tool_choice", f"tool_choice names {name!r}, which is not among the tools "
-                                            f"{[t.function.name for t in tools]}")
-        return "named", name
-
-    def tool_dicts(self) -> list[dict] | None:
-        """The tools as chat templates and parsers read them (OpenAI's shape, parameters defaulted)."""
-        if not self.tools:
-            return None
-        return [{"type": "function", "function": {
-            "name": t.function.name, **({"description": t.function.description} if t.function.description else {}),
-            "parameters": t.function.parameters if t.function.parameters is not None else {"type": "object"}}}
-            for t in self.tools]
 
     def to_sampling_params(self) -> SamplingParams:
         self.check_messages()

@@ -139,7 +139,8 @@ class ResponsesServing:
         """The request's tool plan (chat completions' plan of the tools in the chat shape)."""
         mode, choice = req.tool_mode()
         plan = make_tool_plan(mode, req.chat_tools(), choice, req.parallel_tool_calls is not False,
-                              self.serving.options, self.serving.tokenizer)
+                              self.serving.options, self.serving.tokenizer,
+                              "text.format" if req.constraint is not None else None)
         if plan.parser is not None and req.wants_logprobs:
             raise FieldError("include", f"include {LOGPROBS_INCLUDE!r} with tools (tool_choice {mode!r}) is not "
                                         "implemented: the output's tokens are partly calls, not text")
@@ -169,7 +170,7 @@ class ResponsesServing:
     def _start(self, ids: list[int], params: SamplingParams, aliases: dict[str, str]):
         """One engine request; a refusal's ``param`` is named as this request names it."""
         try:
-            rid, _, gens = self.serving.start([{"prompt_token_ids": ids}], params, "resp")
+            rid, _, gens = self.serving.start([{"prompt_token_ids": ids}], params, "resp", aliases)
         except APIError as exc:
             raise _renamed(exc, aliases) from None
         return rid, gens
@@ -369,7 +370,8 @@ def _function_call(call_id: str, name: str, arguments: str, status: str) -> dict
 
 
 def _text_config(req: ResponsesRequest) -> dict[str, Any]:
-    config: dict[str, Any] = {"format": {"type": "text"}}
+    fmt = req.text.format if req.text is not None else None
+    config: dict[str, Any] = {"format": fmt.echo() if fmt is not None else {"type": "text"}}
     if req.text is not None and req.text.verbosity is not None:
         config["verbosity"] = req.text.verbosity
     return config

@@ -18,8 +18,8 @@
   hosted tools' calls, and there are none), ``safety_identifier``, ``prompt_cache_key``,
   ``prompt_cache_retention``, ``stream_options``, ``verbosity`` and ``text.verbosity``, routers' bookkeeping.
 * refused when not neutral: tools of other types (``web_search``, ``file_search``, ``computer``, ``mcp``, ...),
-  ``tool_choice`` naming no given function or of another type, ``text.format`` other than ``{"type": "text"}``,
-  ``truncation`` other than "disabled", ``background``, ``conversation``, ``prompt``, ``context_management``,
+  ``tool_choice`` naming no given function or of another type, ``text.format`` of another type than text,
+  json_object and json_schema (those two are structured outputs, as ``response_format`` on chat), ``truncation`` other than "disabled", ``background``, ``conversation``, ``prompt``, ``context_management``,
   ``moderation``, input parts other than text (``input_image``, ``input_file``, ...), input items other than
   messages and function calls and their outputs (reasoning, item references, hosted tools' calls), a
   ``function_call_output`` whose ``call_id`` no earlier ``function_call`` has, and the fields every route
@@ -41,7 +41,9 @@ import collections
 import dataclasses
 from typing import Any
 
-from jaxinfer.sampling_params import SamplingParams
+from pydantic import Field
+
+from jaxinfer.sampling_params import SamplingParams, StructuredOutputsParams
 from jaxinfer.server.protocol import (_REFUSED_COMMON, _ROUTER_INERT, CHAT_ROLES, MAX_TOP_LOGPROBS, FieldError,
                                       _arguments, _Body)
 
@@ -195,14 +197,36 @@ class FunctionTool(_Body):
 
 
 class TextFormat(_Body):
+    """``text.format``: "text", "json_object", or "json_schema" with ``name``, ``schema`` (enforced, strict or
+    not, as on chat completions), ``strict`` and ``description``."""
+
     type: str
+    name: str | None = None
+    json_schema: dict | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
 
     def check_fields(self, strict: bool, prefix: str = "") -> list[str]:
-        if self.type != "text":
-            field = prefix.rstrip(".")
-            raise FieldError(field, f"field {field!r} of type {self.type!r} is refused: structured outputs "
-                                    "(json_schema, json_object) are not implemented yet; only {'type': 'text'}")
+        if self.type not in ("text", "json_object", "json_schema"):
+            raise FieldError(prefix + "type", f"{prefix}type must be 'text', 'json_object' or 'json_schema', got "
+                                              f"{self.type!r}")
+        if self.type == "json_schema" and self.json_schema is None:
+            raise FieldError(prefix + "schema", f"{prefix}schema is required with type 'json_schema'")
         return super().check_fields(strict, prefix)
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            return StructuredOutputsParams(json=self.json_schema if isinstance(self.json_schema, dict) else {})
+        return None
+
+    def echo(self) -> dict[str, Any]:
+        """The format as the response object repeats it."""
+        out: dict[str, Any] = {"type": self.type}
+        if self.type == "json_schema":
+            out.update(name=self.name, schema=self.json_schema, strict=self.strict, description=self.description)
+        return out
 
 
 class TextConfig(_Body):
@@ -327,15 +351,21 @@ class ResponsesRequest(_Body):
                                      "conversation of previous_response_id)")
                 history.result(item.call_id, item.text())
 
+    @property
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The structured-output constraint of ``text.format`` (None for text)."""
+        fmt = self.text.format if self.text is not None else None
+        return fmt.constraint() if fmt is not None else None
+
     def to_sampling_params(self) -> SamplingParams:
         given = {k: v for k, v in dict(temperature=self.temperature, top_p=self.top_p).items() if v is not None}
         return SamplingParams(**given, max_tokens=self.max_output_tokens,
-                              logprobs=self.top if self.wants_logprobs else None)
+                              logprobs=self.top if self.wants_logprobs else None, structured_outputs=self.constraint)
 
     @staticmethod
     def param_aliases() -> dict[str, str]:
         """Engine field -> this request's field, for error messages' ``param``."""
-        return {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
+        return {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs", "structured_outputs": "text.format"}
 
 
 @dataclasses.dataclass(frozen=True)

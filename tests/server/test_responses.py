@@ -283,7 +283,8 @@ def test_engine_failure_mid_stream_ends_with_error_and_failed():
 
 # ------------------------------------------------------------------------------------------ field policy
 REFUSED = [
-    ("tools", {"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    # a function tool without tool_choice means "auto", which a server without --enable-auto-tool-choice refuses
+    ("tools", {"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice"),
     ("tool_choice", {"tool_choice": "required"}, "tool_choice"),
     ("input_image", {"input": [{"role": "user", "content": [
         {"type": "input_text", "text": "what is this"}, {"type": "input_image", "image_url": "https://x/y.png"}]}]},
@@ -291,9 +292,10 @@ REFUSED = [
     ("input_file", {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "input[0].content[0].type"),
     ("tool output item", {"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
-     "input[0].type"),
-    ("json_schema", {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-    ("json_object", {"text": {"format": {"type": "json_object"}}}, "text.format"),
+     "input[0].call_id"),  # an output answering no earlier call
+    ("xml format", {"text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ("json_schema without a schema", {"text": {"format": {"type": "json_schema", "name": "x"}}},
+     "text.format.schema"),
     ("truncation auto", {"truncation": "auto"}, "truncation"),
     ("background", {"background": True}, "background"),
     ("conversation", {"conversation": "conv_1"}, "conversation"),

@@ -409,3 +409,38 @@ def test_agents_sdk_sends_the_tool_result_back(server, url):
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": call["call_id"], "type": "function", "function": {"name": "add", "arguments": args}}]},
         {"role": "tool", "tool_call_id": call["call_id"], "content": str(args["a"] + args["b"])})
+
+
+# ------------------------------------------------------------------------------------ structured outputs
+FORMAT_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                  "rain": {"type": "boolean"}},
+                 "required": ["city", "rain"], "additionalProperties": False}
+
+
+def test_text_format_json_schema_and_object(client):
+    import jsonschema
+
+    fmt = {"type": "json_schema", "name": "weather", "schema": FORMAT_SCHEMA, "strict": True}
+    resp = client.responses.create(model=MODEL, input="The weather as JSON.", max_output_tokens=80, temperature=0,
+                                   text={"format": fmt})
+    assert resp.status == "completed"
+    jsonschema.validate(json.loads(resp.output_text), FORMAT_SCHEMA)
+    assert resp.text.format.type == "json_schema" and resp.text.format.name == "weather"
+    streamed = "".join(e.delta for e in client.responses.create(
+        model=MODEL, input="The weather as JSON.", max_output_tokens=80, temperature=0, text={"format": fmt},
+        stream=True) if e.type == "response.output_text.delta")
+    assert streamed == resp.output_text
+    resp = client.responses.create(model=MODEL, input="Any JSON object.", max_output_tokens=40, temperature=0,
+                                   text={"format": {"type": "json_object"}})
+    assert resp.output_text.startswith("{")
+
+
+def test_text_format_errors_name_the_field(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="x", text={"format": {"type": "json_schema", "name": "x",
+                                                                          "schema": {"type": "nonsense"}}})
+    assert err.value.body["param"] == "text.format"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="x", tools=TOOLS, tool_choice="required",
+                                text={"format": {"type": "json_object"}})
+    assert err.value.body["param"] == "tool_choice"
