@@ -37,7 +37,6 @@ from pydantic import BaseModel, Field  # noqa: E402
 
 import jaxinfer.server.app as server_app  # noqa: E402
 from jaxinfer.server.protocol import APIError  # noqa: E402
-from tests.server.test_server import ENGINE, live_server  # noqa: E402
 
 MODEL = "jaxinfer-default"
 litellm.suppress_debug_info = True
@@ -107,12 +106,12 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(tools_server):
+    """conftest's shared tool-calling server, every body it parses recorded while this module runs."""
     with pytest.MonkeyPatch.context() as mp:
         recorder = Recorder(server_app.parse)
         mp.setattr(server_app, "parse", recorder)
-        with live_server([*ENGINE, "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]) as (url, _):
-            yield url, recorder
+        yield tools_server[0], recorder
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from jaxinfer.server.options import ServerOptions  # noqa: E402
 from jaxinfer.server.protocol import APIError, ChatCompletionRequest, parse  # noqa: E402
 from jaxinfer.server.responses import ResponsesServing, _Turn  # noqa: E402
 from jaxinfer.server.responses_protocol import ChatHistory, ResponsesRequest  # noqa: E402
-from tests.server.test_server import ENGINE, live_server  # noqa: E402
 
 MODEL = "jaxinfer-default"
 ASK = "What is 2 + 3, and how is the weather in Paris?"
@@ -42,9 +41,8 @@ EVENTS = TypeAdapter(openai.types.responses.ResponseStreamEvent)
 
 
 @pytest.fixture(scope="module")
-def server():
-    with live_server([*ENGINE, "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]) as running:
-        yield running
+def server(tools_server):
+    return tools_server
 
 
 @pytest.fixture(scope="module")

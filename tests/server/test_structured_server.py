@@ -1,7 +1,7 @@
 """Structured outputs and tool calling through the server, driven by the official ``openai`` client: every
 finished constrained output validates (``jsonschema``), forced tool calls name a given tool with arguments that
 validate, streamed tool calls equal the non-streamed ones, a tool history renders, and every misuse is a 400
-whose ``param`` names the field. One server for the module (``--tool-call-parser hermes
+whose ``param`` names the field. The server is conftest's ``tools_server`` (``--tool-call-parser hermes
 --enable-auto-tool-choice``)."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from jaxinfer.server.chat_template import ChatTemplate  # noqa: E402
 from jaxinfer.server.chat_tools import closed_schema, make_tool_plan  # noqa: E402
 from jaxinfer.server.options import ServerOptions  # noqa: E402
 from jaxinfer.server.protocol import FieldError  # noqa: E402
-from tests.server.test_server import ENGINE, live_server  # noqa: E402
 
 MODEL = "jaxinfer-default"
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -38,9 +37,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def client():
-    with live_server([*ENGINE, "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]) as (url, _):
-        yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+def client(tools_server):
+    return openai.OpenAI(base_url=tools_server[0] + "/v1", api_key="x", max_retries=0, timeout=120)
 
 
 def _chat(client, **kw):

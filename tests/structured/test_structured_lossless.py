@@ -59,8 +59,14 @@ def _close(a, b):
             assert all(abs(x - y) < 1e-4 for (_, x), (_, y) in zip(ea, eb))
 
 
-def test_jump_forward_and_prefix_cache(reference):
-    llm = LLM(**SMALL, max_num_batched_tokens=256)  # jump-forward on (the default), prefix cache on
+@pytest.fixture(scope="module")
+def default_llm():
+    """Jump-forward on (the default), prefix cache on."""
+    return LLM(**SMALL, max_num_batched_tokens=256)
+
+
+def test_jump_forward_and_prefix_cache(reference, default_llm):
+    llm = default_llm
     _close(_run(llm), reference[0])  # cold
     _close(_run(llm), reference[0])  # warm: prompts (and earlier outputs) cached
     assert llm.llm_engine.stats()["prefix_cache_hit_tokens"] > 0
@@ -84,9 +90,8 @@ def test_speculation_and_multistep(reference):
     _close(_run(multi), reference[0])
 
 
-def test_abort_mid_flight_frees_everything():
-    llm = LLM(**SMALL, max_num_batched_tokens=256)
-    engine = llm.llm_engine
+def test_abort_mid_flight_frees_everything(default_llm):
+    engine = default_llm.llm_engine
     for i, p in enumerate(PROMPTS):
         engine.add_request(str(i), p, _params())
     for _ in range(3):
