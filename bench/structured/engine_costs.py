@@ -6,6 +6,8 @@
   (16 requests, 16 schemas, at once); alternated ``repeats`` times, medians reported, the first repetition
   (the first call after ``LLM(...)``) also on its own. The host time of the masks per token (computed while the
   device runs the step) is reported beside it.
+* ``overlap``: the same 16 constrained requests with the masks computed while the device runs each step and
+  after it (whether computing them in the device's shadow pays on this machine).
 * ``jump_forward``: end-to-end time of the same constrained batch with jump-forward off and on (the engine's
   switch flipped between runs, alternating), with the outputs checked identical token for token, and the share
   of output tokens the grammar forced.
@@ -75,6 +77,26 @@ def measure_cost(llm, batch: int, repeats: int = 3, max_tokens: int = 400) -> di
             "tpot_constrained_ms": _round(constrained_tpot), "tpot_free_ms": _round(free_tpot),
             "ratio": _round(ratios, 3), "ratio_median": round(statistics.median(ratios), 3),
             "ratio_first_call": round(ratios[0], 3), "mask_us_per_token": _round(mask_us, 1)}
+
+
+def measure_overlap(llm, repeats: int = 3, max_tokens: int = 400) -> dict:
+    """End-to-end time of 16 constrained requests at once (jump-forward off) with the masks computed while the
+    device runs each step (the engine's way) and after it (``ModelRunner.overlap_masks`` False), alternating."""
+    engine = llm.llm_engine
+    engine.output_processor.jump_forward = False
+    prompts = [PROMPT.format(name.replace("_", " ")) for name, _ in SCHEMAS[:16]]
+    params = [_constrained(schema, max_tokens) for _, schema in SCHEMAS[:16]]
+    times = {True: [], False: []}
+    for _ in range(repeats):
+        for overlap in (False, True):
+            engine.runner.overlap_masks = overlap
+            t0 = time.perf_counter()
+            _generate(llm, prompts, params)
+            times[overlap].append(time.perf_counter() - t0)
+    engine.runner.overlap_masks = True
+    engine.output_processor.jump_forward = True
+    return {"seconds_overlapped": _round(times[True], 3), "seconds_after_step": _round(times[False], 3),
+            "speedup_median": round(statistics.median(times[False]) / statistics.median(times[True]), 3)}
 
 
 def measure_jump_forward(llm, schemas, repeats: int = 3, max_tokens: int = 400) -> dict:

@@ -128,6 +128,9 @@ class ModelRunner:
         self.banned_width = options.banned_width
         self.draft_q_shape = draft_q_shape
         self.grammar_backend = options.grammar_backend
+        # structured outputs: compute the step's token masks while the device runs it (True), or after it is done
+        # (False: the measurement baseline of jaxinfer-bench structured)
+        self.overlap_masks = True
         self.max_logprobs = min(MAX_LOGPROBS, cfg.vocab_size)
         self.sharding_plan = sharding_plan
         if sharding_plan is None:
@@ -389,6 +392,8 @@ class ModelRunner:
         md = self.build_sampling_metadata(rows, num_rows, variant)
         bitmask = None
         if masked:  # while the device runs the step (dispatched asynchronously above)
+            if not self.overlap_masks:
+                jax.block_until_ready(logits)
             bitmask = np.full((num_rows, self.grammar_backend.words), -1, np.int32)
             self.grammar_backend.fill_bitmasks(matchers, bitmask)
         drafts = np.full(num_rows, -1, np.int32)
