@@ -110,10 +110,15 @@ class Executables:
                 return None
         return PendingCompile(self, key, entry.lower(), cache_key)
 
-    def finish(self, pending: "PendingCompile", compiled) -> None:
-        """Record the compiled executable of a prepared key (and write it to the disk cache)."""
+    def finish(self, pending: "PendingCompile", compiled, store: bool = True) -> None:
+        """Record the compiled executable of a prepared key (and, with ``store``, write it to the disk cache)."""
         self._ready[pending.key] = compiled
         self.num_compiled += 1
+        if store:
+            self.store(pending, compiled)
+
+    def store(self, pending: "PendingCompile", compiled) -> None:
+        """Write a compiled executable of a prepared key to the disk cache (if it has one)."""
         if pending.cache_key is not None:
             self._cache.store(pending.cache_key, compiled)
 
@@ -158,6 +163,7 @@ def warm_up(plans: list[tuple[Executables, list[Hashable]]], *, workers: int | N
     bar = ProgressBar("compiling the shape plan", len(todo)) if show and todo else None
     from_cache = 0
     pending: dict[concurrent.futures.Future, PendingCompile] = {}
+    compiled: list[tuple[PendingCompile, Any]] = []
     try:
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jaxinfer-compile") as pool:
             for ex, key in todo:
@@ -168,11 +174,15 @@ def warm_up(plans: list[tuple[Executables, list[Hashable]]], *, workers: int | N
                         bar.advance()
                     continue
                 pending[pool.submit(job.lowered.compile)] = job
-                _collect(pending, bar, block=False)
-            _collect(pending, bar, block=True)
+                compiled += _collect(pending, bar, block=False)
+            compiled += _collect(pending, bar, block=True)
     finally:
         if bar:
             bar.close()
+    # written to the disk cache once no XLA compilation runs: the one abort seen in a full test run (jax 0.10.2,
+    # XLA:CPU) came while an executable was serialized beside other threads' compiles; this rules that overlap out
+    for job, executable in compiled:
+        job.owner.store(job, executable)
     t_run = time.perf_counter()
     for ex, key in todo:
         ex.run_once(key)
@@ -183,10 +193,15 @@ def warm_up(plans: list[tuple[Executables, list[Hashable]]], *, workers: int | N
     return report
 
 
-def _collect(pending: dict, bar, block: bool) -> None:
+def _collect(pending: dict, bar, block: bool) -> list[tuple[PendingCompile, Any]]:
+    """Record the finished compilations (not yet written to the disk cache); returns them."""
     done = [f for f in pending if f.done()] if not block else list(concurrent.futures.as_completed(pending))
+    out = []
     for future in done:
         job = pending.pop(future)
-        job.owner.finish(job, future.result())
+        executable = future.result()
+        job.owner.finish(job, executable, store=False)
+        out.append((job, executable))
         if bar:
             bar.advance()
+    return out
