@@ -62,7 +62,7 @@ class GrammarBackend:
         self.vocab_size = vocab_size
         self.words = bitmask_words(self.num_tokens)
         self.whitespace_pattern = whitespace_pattern
-        self.executor = llg.LLExecutor()
+        self._executor = None  # llguidance's thread pool, created on the first batched fill (most engines never fill)
         self.mask_time = MaskTime()  # host time its masks took (engine stats: structured_mask_seconds)
         self._cache: collections.OrderedDict[Any, str] = collections.OrderedDict()
         self._cache_size = cache_size
@@ -155,7 +155,9 @@ class GrammarBackend:
                 todo.append((m.ll_matcher, row))
         if todo:
             t = time.perf_counter()
-            self.executor.unsafe_compute_mask_ptr(todo, bitmask.ctypes.data, self.words * 4, bitmask.shape[0])
+            if self._executor is None:
+                self._executor = self._llg.LLExecutor()
+            self._executor.unsafe_compute_mask_ptr(todo, bitmask.ctypes.data, self.words * 4, bitmask.shape[0])
             self.mask_time.add(time.perf_counter() - t, len(todo))
 
 
