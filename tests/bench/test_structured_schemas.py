@@ -11,7 +11,7 @@ import pytest
 llguidance = pytest.importorskip("llguidance")
 pytest.importorskip("jsonschema")
 
-from bench.structured import mask_cost  # noqa: E402
+from bench.structured import instances, mask_cost  # noqa: E402
 from bench.structured.schemas import SCHEMA_BY_NAME, SCHEMAS, SIZES, by_size  # noqa: E402
 
 NAMES = [name for name, _ in SCHEMAS]
@@ -56,9 +56,9 @@ def test_schema_compiles_with_llguidance(name, llg_tokenizer):
 @pytest.mark.parametrize("name", NAMES)
 def test_instance_is_valid_and_accepted(name, tokenizer_json, llg_tokenizer):
     schema = SCHEMA_BY_NAME[name]
-    instance = mask_cost.make_instance(schema)
-    mask_cost.validate_instance(schema, instance)  # raises if invalid
-    assert mask_cost.make_instance(schema) == instance  # deterministic
+    instance = instances.make_instance(schema)
+    instances.validate_instance(schema, instance)  # raises if invalid
+    assert instances.make_instance(schema) == instance  # deterministic
     tokens = mask_cost.encode(tokenizer_json, json.dumps(instance))
     matcher = llguidance.LLMatcher(llg_tokenizer, llguidance.LLMatcher.grammar_from_json_schema(schema))
     for tok in tokens:
@@ -68,7 +68,7 @@ def test_instance_is_valid_and_accepted(name, tokenizer_json, llg_tokenizer):
 
 def test_long_fixed_parts_is_mostly_fixed_text():
     schema = SCHEMA_BY_NAME["long_fixed_parts"]
-    instance = mask_cost.make_instance(schema)
+    instance = instances.make_instance(schema)
     text = json.dumps(instance)
     free = sum(len(json.dumps(v)) for k, v in instance.items() if "const" not in schema["properties"][k])
     assert (len(text) - free) / len(text) >= 0.5
@@ -76,7 +76,7 @@ def test_long_fixed_parts_is_mostly_fixed_text():
 
 def test_measure_llguidance_small_schema(tokenizer_json, llg_tokenizer):
     schema = SCHEMA_BY_NAME["sentiment"]
-    tokens = mask_cost.encode(tokenizer_json, mask_cost.instance_text(schema))
+    tokens = mask_cost.encode(tokenizer_json, instances.instance_text(schema))
     out = mask_cost.measure_llguidance(llg_tokenizer, schema, tokens, repeats=1, batch=4,
                                        executor=llguidance.LLExecutor(2))
     assert out["status"] == "ok"
@@ -103,7 +103,7 @@ def test_token_bytes_roundtrip(tokenizer_json, llg_tokenizer):
 def test_measure_outlines_small_schema(tokenizer_json):
     pytest.importorskip("outlines_core")
     schema = SCHEMA_BY_NAME["sentiment"]
-    tokens = mask_cost.encode(tokenizer_json, mask_cost.instance_text(schema))
+    tokens = mask_cost.encode(tokenizer_json, instances.instance_text(schema))
     out = mask_cost.measure_outlines(tokenizer_json, schema, tokens)
     assert out["status"] == "ok"
     assert out["index_s"] > 0 and out["mask_us"]["median"] > 0
