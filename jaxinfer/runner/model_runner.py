@@ -47,7 +47,6 @@ from jaxinfer.runner.step_functions import (
 )
 from jaxinfer.sample import sampler as sampler_lib
 from jaxinfer.sampling_params import MAX_LOGPROBS  # the logprobs variants return this many (or the vocabulary)
-FIRST_RUN_MAX_TOKENS = 256  # warm-up executes the step shapes up to this many tokens once
 
 
 @dataclasses.dataclass
@@ -171,6 +170,7 @@ class ModelRunner:
         values of ``args`` its first run executes on (None: no first run)."""
         def run_once(compiled):
             *_, self.kv_cache = compiled(self.params, self.kv_cache, *exercise)
+            jax.block_until_ready(self.kv_cache)
 
         return Entry(fn, (abstract(self.params), abstract(self.kv_cache), *args), statics, self._description,
                      run_once if exercise is not None else None)
@@ -188,11 +188,9 @@ class ModelRunner:
 
         def run_once(compiled):
             _, self.kv_cache = compiled(self.params, self.kv_cache, exercise_batch(shape, self.max_blocks_per_seq))
+            jax.block_until_ready(self.kv_cache)
 
-        # a large step costs far more than the first execution's extra (10-100 ms on XLA:CPU): not worth running
-        worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
-        return Entry(self.step_fn, args, {"query_width": shape.query_width}, self._description,
-                     run_once if worth_running else None)
+        return Entry(self.step_fn, args, {"query_width": shape.query_width}, self._description, run_once)
 
     def _prompt_step_entry(self, key) -> Entry:
         shape: StepShape = key[1]
@@ -203,10 +201,10 @@ class ModelRunner:
         def run_once(compiled):
             exercise = exercise_batch(shape, self.max_blocks_per_seq)
             *_, self.kv_cache = compiled(self.params, self.kv_cache, exercise, np.full(shape.num_tokens, -1, np.int32))
+            jax.block_until_ready(self.kv_cache)
 
-        worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
         return Entry(self.prompt_step_fn, args, {"query_width": None}, self._description + "|prompt_logprobs",
-                     run_once if worth_running else None)
+                     run_once)
 
     def sampling_arrays(self, num_rows: int, variant: SamplerVariant) -> sampler_lib.SamplingMetadata:
         """Abstract SamplingMetadata of ``num_rows`` rows for ``variant`` (its id matrices' widths)."""
@@ -252,10 +250,9 @@ class ModelRunner:
             batch = exercise_batch(dataclasses.replace(shape, query_width=1), self.max_blocks_per_seq)
             md = zeros_like_abstract(args[3])
             _, self.kv_cache = compiled(self.params, self.kv_cache, batch, md, np.int32(2))
+            jax.block_until_ready(self.kv_cache)
 
-        worth_running = shape.num_tokens <= FIRST_RUN_MAX_TOKENS
-        return Entry(self.multistep_fn, args, statics, self._description + "|multistep",
-                     run_once if worth_running else None)
+        return Entry(self.multistep_fn, args, statics, self._description + "|multistep", run_once)
 
     def sampler_variants(self) -> list[SamplerVariant]:
         """The token choosers' variants: greedy and general, and with structured outputs each again masked."""
