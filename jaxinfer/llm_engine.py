@@ -30,6 +30,7 @@ from jaxinfer.config.engine import EngineConfig
 from jaxinfer.config.speculative import SpeculativeConfig
 from jaxinfer.config.structured import StructuredOutputsConfig
 from jaxinfer.core import request_io
+from jaxinfer.core.async_step import AsyncStepper, HostTimes, RunnerOps
 from jaxinfer.core.block_manager import BlockManager
 from jaxinfer.core.output_processor import OutputProcessor
 from jaxinfer.core.scheduler import Scheduler, SchedulerConfig
@@ -41,7 +42,7 @@ from jaxinfer.loading.model_source import load_model, resolve_dtype
 from jaxinfer.model.attention import resolve_attention_backend
 from jaxinfer.outputs import RequestMetrics, RequestOutput
 from jaxinfer.quantization import options as quant_setup
-from jaxinfer.runner import kv_pool, multihost
+from jaxinfer.runner import kv_pool, launch, multihost
 from jaxinfer.runner.compile_cache import ExecutableCache, cache_enabled_by_env, default_cache_dir
 from jaxinfer.runner.compile_monitor import CompileWatch
 from jaxinfer.runner.executables import warm_up
@@ -131,9 +132,17 @@ class LLMEngine:
                                                 tokenizer=self.tokenizer,
                                                 jump_forward=self.structured_config.jump_forward)
         self._told_spec_skips_constrained = False
+        self.async_scheduling = (platform != "cpu" and spec is None and config.num_scheduler_steps == 1
+                                 if config.async_scheduling is None else config.async_scheduling)
+        self.host_times = HostTimes()
+        self.stepper = None
+        if self.async_scheduling:
+            ops = RunnerOps(launch.can_launch, lambda s: launch.prepare(self.runner, s),
+                            lambda p: launch.dispatch(self.runner, p), self.runner.execute)
+            self.stepper = AsyncStepper(self.scheduler, self.output_processor, ops, self.max_model_len)
+            self.host_times = self.stepper.times
         self._seq_ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
-        self.num_steps = 0
         self.num_compilations_after_start = 0
         self._compile_events = 0  # compilations seen during steps (any kind): speculation timing skips them
         self._unplanned_seen = 0
@@ -289,7 +298,7 @@ class LLMEngine:
         propose for the next step. Returns the outputs of the requests that emitted tokens in this step."""
         with CompileWatch() as watch:
             self._watch = watch
-            outputs = self._step()
+            outputs = self.stepper.step() if self.stepper is not None else self._step()
         if watch.names:
             self._compile_events += len(watch.names)
             self.num_compilations_after_start += len(watch.names)
@@ -299,6 +308,11 @@ class LLMEngine:
                               "compiled plan; please report it)", RuntimeWarning, stacklevel=2)
         return outputs
 
+    @property
+    def num_steps(self) -> int:
+        """Steps launched so far."""
+        return self.host_times.steps
+
     def _new_unplanned_compilations(self) -> int:
         """Compilations of plan-keyed executables since the last call (each already warned about)."""
         total = sum(len(r.executables.compiled_after_start) for r in self._runners())
@@ -306,13 +320,20 @@ class LLMEngine:
         return new
 
     def _step(self) -> list[RequestOutput]:
+        times, clock = self.host_times, time.perf_counter
+        t0 = clock()
         plan = self.scheduler.schedule()
+        t1 = clock()
+        times.schedule += t1 - t0
         if plan.is_empty:
             return []
         result = self._execute(plan.scheduled)
-        self.num_steps += 1
+        t2 = clock()
         outputs = self.output_processor.update(plan.scheduled, result.tokens, time.monotonic(),
                                                prompt_logprobs=result.prompt_logprobs)
+        times.prepare += t2 - t1
+        times.update += clock() - t2
+        times.steps += 1
         if self.speculator is not None:
             self.speculator.after_step(plan.scheduled, result.tokens, self._compile_events + len(self._watch.names))
         return outputs
@@ -367,7 +388,9 @@ class LLMEngine:
             "num_compilations_after_start": self.num_compilations_after_start,
             "num_executables_from_cache": sum(r.executables.num_loaded for r in runners),
             "compilation": self.config.compilation,
-            "num_steps": self.num_steps,
+            "num_steps": self.host_times.steps,
+            "async_scheduling": self.async_scheduling,
+            "host_seconds": self.host_times.as_dict(),  # per phase (jaxinfer.core.async_step.HostTimes)
             "num_forced_tokens": self.output_processor.num_forced_tokens,  # structured outputs' jump-forward
             # host time computing token masks, and how many (structured outputs)
             "structured_mask_seconds": self.grammar_backend.mask_time.seconds if self.grammar_backend else 0.0,

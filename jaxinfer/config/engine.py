@@ -46,6 +46,10 @@ class EngineConfig:
     # decode steps per engine step when every scheduled sequence decodes (jaxinfer.runner.multistep): > 1 runs them
     # in one compiled call, the host checking stop conditions once per call (tokens arrive in bursts)
     num_scheduler_steps: int = 1
+    # schedule and pack the next step while the device runs the current one (jaxinfer.core.async_step; the
+    # tokens are the same). None: on where the device is not the CPU (on a 2-core CPU the host and XLA share the
+    # cores: synchronous measured faster), and never with speculative decoding or num_scheduler_steps > 1
+    async_scheduling: bool | None = None
     # structured outputs (jaxinfer.config.structured): {"backend": "auto" | "guidance" | "disabled",
     # "jump_forward": True, "whitespace_pattern": None}; None = the defaults
     structured_outputs_config: dict[str, Any] | None = None
@@ -88,6 +92,14 @@ class EngineConfig:
                              "already emits several tokens per step)")
         if self.num_scheduler_steps > 1 and self.tensor_parallel_size > 1:
             raise NotImplementedError("num_scheduler_steps > 1 with tensor_parallel_size > 1 is not supported yet")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise TypeError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
+        if self.async_scheduling and self.speculative_config is not None:
+            raise ValueError("async_scheduling=True cannot be combined with speculative decoding yet (the drafts "
+                             "of a step depend on the tokens of the step before)")
+        if self.async_scheduling and self.num_scheduler_steps > 1:
+            raise ValueError("async_scheduling=True cannot be combined with num_scheduler_steps > 1 (both hide the "
+                             "host's work; choose one)")
         from jaxinfer.config.structured import StructuredOutputsConfig
 
         StructuredOutputsConfig.from_dict(self.structured_outputs_config)  # validate early

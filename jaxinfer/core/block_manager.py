@@ -63,9 +63,9 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def update_hashes(self, seq: Sequence) -> None:
-        """Extend ``seq.block_hashes`` to cover every full block of its tokens."""
+        """Extend ``seq.block_hashes`` to cover every full block of its known tokens (pending ones excluded)."""
         bs = self.block_size
-        while (len(seq.block_hashes) + 1) * bs <= seq.num_tokens:
+        while (len(seq.block_hashes) + 1) * bs <= len(seq.token_ids):
             i = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             seq.block_hashes.append(chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_salt))

@@ -92,13 +92,15 @@ class OutputProcessor:
         touched: dict[str, request_io.EngineRequest] = {}
         for s in scheduled:
             seq = s.seq
+            if seq.is_finished:
+                continue  # finished or aborted after this step was scheduled (async scheduling): nothing to apply
             self._add_prompt_logprobs(seq, (prompt_logprobs or {}).get(seq.seq_id, ()))
             req = self.requests[seq.request_id]
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = seq.first_scheduled_time
             tokens = emitted.get(seq.seq_id, [])
             accepted = max(len(tokens) - 1, 0)  # speculative tokens that held (the last one is the target's)
-            computed = seq.num_computed_tokens + s.num_new_tokens - s.num_spec_tokens + accepted
+            computed = s.start + s.num_new_tokens - s.num_spec_tokens + accepted
             finished = False
             for tok in tokens:
                 finished = self._append(seq, tok, now)
@@ -106,7 +108,9 @@ class OutputProcessor:
                     break
             if tokens and not finished and seq.grammar is not None and self.jump_forward:
                 finished = self._jump_forward(seq, now)
-            self.scheduler.commit_computed(seq, min(computed, seq.num_tokens))
+            if seq.num_preemptions == s.preemptions:  # else its K/V is gone: it recomputes from 0
+                # async scheduling may already have scheduled the next step, which counts this one as done
+                self.scheduler.commit_computed(seq, max(seq.num_computed_tokens, min(computed, seq.num_tokens)))
             if finished:
                 self.scheduler.remove(seq)
             if tokens:

@@ -144,7 +144,7 @@ def append_token(seq: Sequence, tok, now: float, eos_token_ids, max_model_len: i
             if matched is not None:
                 seq.text, reason, stop_reason = text, "stop", matched
     if reason is None and (
-        (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= max_model_len
+        (p.max_tokens is not None and n_out >= p.max_tokens) or len(seq.token_ids) >= max_model_len
     ):
         reason = "length"
     if reason is None:

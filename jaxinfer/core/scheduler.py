@@ -55,10 +55,14 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens computed this step from seq.num_computed_tokens, speculative ones included
     num_spec_tokens: int = 0  # how many of them are draft tokens (seq.spec_token_ids[:num_spec_tokens])
     samples: bool = dataclasses.field(init=False)  # reaches the end of the known tokens: sample a next one
+    # the sequence as scheduled: the step computes from ``start``; a preemption since then voids its K/V
+    start: int = dataclasses.field(init=False)
+    preemptions: int = dataclasses.field(init=False)
 
     def __post_init__(self):
         real = self.num_new_tokens - self.num_spec_tokens
-        self.samples = self.seq.num_computed_tokens + real == self.seq.num_tokens
+        self.start, self.preemptions = self.seq.num_computed_tokens, self.seq.num_preemptions
+        self.samples = self.start + real == self.seq.num_tokens
 
     @property
     def prompt_logprob_positions(self) -> list[int]:
@@ -125,7 +129,9 @@ class Scheduler:
         self.waiting.insert(0, seq)
 
     # ------------------------------------------------------------ scheduling
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, hold: Callable[[Sequence], bool] | None = None) -> SchedulerOutput:
+        """The next step's work. ``hold``: running sequences it returns True for sit this step out (async
+        scheduling holds those whose pending token may be their last)."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
@@ -139,6 +145,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if hold is not None and hold(seq):
+                i += 1
+                continue
             remaining = seq.num_tokens - seq.num_computed_tokens
             num_spec = min(len(seq.spec_token_ids), budget - 1) if remaining == 1 else 0
             num_new = min(remaining, budget) + num_spec

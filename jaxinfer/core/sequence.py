@@ -8,6 +8,11 @@ A request with ``prompt_logprobs`` gives its ``n`` sequences one shared ``prompt
 whichever of them computes a prompt position first: the logits at position ``p`` give the entry of prompt
 token ``p + 1``. Until it is complete a sequence computes its whole prompt (no prefix-cache hits: the cache
 holds K/V, not logits); once complete, the entries are never computed again (preemption, the other samples).
+
+Async scheduling (``jaxinfer.core.async_step``) schedules a step before the previous one's tokens reach the
+host: a token a running step will choose is *pending* (``num_pending_tokens``). It counts in ``num_tokens``
+(the scheduler plans with it) but is not in ``token_ids`` until it arrives, so block hashes, stop checks and
+outputs only ever see real tokens.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class Sequence:
         self.cache_salt = cache_salt
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_pending_tokens = 0  # chosen by a step in flight, not yet in token_ids (async scheduling)
         self.spec_token_ids: list[int] = []  # draft tokens proposed for the next step (not yet verified)
         self.draft_num_computed = 0  # tokens whose K/V the draft model has in its cache
         self.block_ids: list[int] = []
@@ -73,7 +79,8 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Known tokens plus pending ones: what the scheduler plans with."""
+        return len(self.token_ids) + self.num_pending_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -81,6 +88,7 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
+        """Output tokens in ``token_ids`` (pending ones not counted)."""
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property

@@ -244,7 +244,7 @@ class AsyncLLMEngine:
                 outputs = engine.step()
                 self._deliver(outputs, time.monotonic())
                 self._stats = engine.stats()
-                if engine.num_steps == steps_before:  # nothing scheduled (a static batch forming)
+                if engine.num_steps == steps_before and not outputs:  # nothing scheduled (a static batch forming)
                     self._wake.wait(_IDLE_POLL_S)
             except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, loudly
                 self._die(exc)
