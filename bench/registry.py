@@ -19,6 +19,7 @@ EXPERIMENTS = {
     "prefix": "bench.prefix",
     "serve-model": "bench.serve_model",
     "startup": "bench.startup",
+    "host-loop": "bench.host_loop",
     "paged": "bench.paged",
     "phase1": "bench.phase1",
     "tp": "bench.tp",
