@@ -2,12 +2,16 @@
 
 Runners (``--baselines`` picks the ones besides jaxinfer; default per platform, see ``DEFAULT_BASELINES``):
 
-- ``jaxinfer``: ``LLM(...)`` in float32, prefix cache off (no baseline has one), shape plan compiled at start.
+- ``jaxinfer``: ``LLM(...)`` in ``--dtype``, prefix cache off (no baseline has one), shape plan compiled at start.
 - ``jaxinfer-multistep``: the same with ``num_scheduler_steps=8`` (multi-step decoding, ``jaxinfer.runner.multistep``).
 - ``hf-eager``: HF transformers ``generate``, eager PyTorch (``bench.hf_baselines``).
 - ``hf-compile``: the same with a static KV cache and the decode step through ``torch.compile``.
 - ``llama.cpp-f32`` / ``llama.cpp-q8_0``: llama.cpp via llama-cpp-python on GGUF files written by
   llama.cpp's own converter from the same checkpoint (``bench.llamacpp``); batch 1 only.
+- ``vllm`` / ``vllm-default-bind``: vLLM's offline ``LLM.generate`` (``bench.vllm_baseline``), in vLLM's own
+  interpreter (``--vllm-python``), computing on every core as jaxinfer does, or with vLLM's default binding.
+
+``--dtype`` (float32 by default) applies to jaxinfer, HF and vLLM, and to the bytes a decode step reads.
 
 Each runner lives in its own fresh process (so no framework's threads compete with another's), loaded one
 after the other; only one process works at a time while the others wait on their pipe. Protocol: the
@@ -54,9 +58,13 @@ RUNNERS = {  # name -> (class as "module:Class", settings it adds)
     "hf-compile": ("bench.hf_baselines:HFCompileRunner", {}),
     "llama.cpp-f32": ("bench.llamacpp:LlamaCppRunner", {"outtype": "f32"}),
     "llama.cpp-q8_0": ("bench.llamacpp:LlamaCppRunner", {"outtype": "q8_0"}),
+    "vllm": ("bench.vllm_baseline:VllmRunner", {"vllm_bind": "all"}),  # runs in vLLM's interpreter
+    "vllm-default-bind": ("bench.vllm_baseline:VllmRunner", {"vllm_bind": "default"}),
 }
 BASELINES = tuple(name for name in RUNNERS if name != REFERENCE)
-DEFAULT_BASELINES = {"cpu": BASELINES, "gpu": ("jaxinfer-multistep", "hf-eager", "hf-compile")}
+DEFAULT_BASELINES = {"cpu": tuple(b for b in BASELINES if b != "vllm-default-bind"),
+                     "gpu": ("jaxinfer-multistep", "hf-eager", "hf-compile")}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 _VERSIONED = ("jax", "jaxlib", "torch", "transformers", "llama-cpp-python", "gguf", "numpy")
 
 
@@ -91,7 +99,8 @@ class JaxinferRunner:
         from jaxinfer import LLM, SamplingParams
 
         self._sampling_params = SamplingParams
-        self.llm = LLM(model=checkpoint, dtype="float32", max_model_len=settings["max_model_len"],
+        self.dtype = settings.get("dtype", "float32")
+        self.llm = LLM(model=checkpoint, dtype=self.dtype, max_model_len=settings["max_model_len"],
                        max_num_seqs=settings["max_num_seqs"], enable_prefix_caching=False,
                        compilation=settings.get("compilation", "eager"),
                        num_scheduler_steps=settings.get("num_scheduler_steps", 1))
@@ -114,12 +123,12 @@ class JaxinferRunner:
         engine = self.llm.llm_engine
         cfg = engine.model_config
         embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size  # read one row per token
-        report_ = engine.warm_up_report
-        return {"jax_machine": hardware.machine_info(), "num_params": cfg.num_params, "dtype": "float32",
+        report_, size = engine.warm_up_report, DTYPE_BYTES[self.dtype]
+        return {"jax_machine": hardware.machine_info(), "num_params": cfg.num_params, "dtype": self.dtype,
                 "compilation": engine.config.compilation, "start_s": report_.seconds if report_ else None,
                 "num_scheduler_steps": engine.config.num_scheduler_steps,
-                "decode_bytes": {"weights": (cfg.num_params - embed) * 4,
-                                 "kv_per_token": 2 * cfg.num_layers * cfg.kv_size * 4}}
+                "decode_bytes": {"weights": (cfg.num_params - embed) * size,
+                                 "kv_per_token": 2 * cfg.num_layers * cfg.kv_size * size}}
 
     def stats(self) -> dict:
         return {"compilations_after_start": self.llm.llm_engine.stats()["num_compilations_after_start"]}
@@ -136,11 +145,15 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()[:600] + "\n  " + "\n  ".join(tail)
 
 
+def _runner_class(spec: str) -> type:
+    module, cls_name = spec.split(":")
+    return getattr(importlib.import_module(module), cls_name)
+
+
 def _worker(spec: str, checkpoint: str, settings: dict, conn) -> None:
     """The body of a runner's process (see the module docstring for the protocol)."""
     try:
-        module, cls_name = spec.split(":")
-        cls = getattr(importlib.import_module(module), cls_name)
+        cls = _runner_class(spec)
         reason = cls.unavailable_reason(settings)
         if reason:
             conn.send(("unavailable", reason))
@@ -161,18 +174,13 @@ def _worker(spec: str, checkpoint: str, settings: dict, conn) -> None:
 
 
 class Worker:
-    """The parent's handle on one runner process. ``status``: ready | skipped | failed (+ ``reason``)."""
+    """The parent's handle on one runner process. ``status``: ready | skipped | failed (+ ``reason``). A runner
+    class may name another in its ``worker_class`` (``bench.vllm_baseline``'s starts another interpreter)."""
 
     def __init__(self, name: str, spec: str, checkpoint: str, settings: dict, timeout_s: float):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
         self.name, self.timeout_s, self.info, self.max_batch_size = name, timeout_s, {}, None
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_worker, args=(spec, checkpoint, settings, child), daemon=True)
         t = time.perf_counter()
-        self._proc.start()
-        child.close()
+        self._conn, self._proc = self._start(spec, checkpoint, settings)
         kind, payload = self._receive()
         self.load_s = time.perf_counter() - t
         self.status, self.reason = {"ready": ("ready", None), "unavailable": ("skipped", payload)}.get(
@@ -181,6 +189,17 @@ class Worker:
             self.info, self.max_batch_size = payload["info"], payload["max_batch_size"]
         else:
             self.close()
+
+    def _start(self, spec: str, checkpoint: str, settings: dict):
+        """(connection, process): a spawned child of this interpreter (``bench.vllm_baseline`` starts another)."""
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(spec, checkpoint, settings, child), daemon=True)
+        proc.start()
+        child.close()
+        return conn, proc
 
     def _receive(self) -> tuple[str, object]:
         if not self._conn.poll(self.timeout_s):
@@ -228,7 +247,8 @@ def start_workers(runners: dict, checkpoint: str, settings: dict, timeout_s: flo
     workers = {}
     for name, (spec, extra) in runners.items():
         log(f"[compare] starting {name} ...")
-        w = Worker(name, spec, checkpoint, {**settings, **extra}, timeout_s)
+        cls = getattr(_runner_class(spec), "worker_class", Worker)  # vLLM's: a process in its own interpreter
+        w = cls(name, spec, checkpoint, {**settings, **extra}, timeout_s)
         log(f"[compare] {name}: {w.status} ({w.load_s:.1f} s){'' if w.reason is None else ': ' + w.reason}")
         workers[name] = w
     return workers
@@ -299,7 +319,7 @@ def summarize(measured: dict, batch_sizes: list[int], n: int, mean_context: floa
     ref_bytes = ref.get("info", {}).get("decode_bytes")
     rows = []
     for name, res in runners.items():
-        decode_bytes = res.get("info", {}).get("decode_bytes", ref_bytes)  # HF reads the same fp32 weights
+        decode_bytes = res.get("info", {}).get("decode_bytes", ref_bytes)  # HF and vLLM read the same weights (--dtype)
         for b in batch_sizes:
             cell = res["batches"][b]
             row = {"runner": name, "batch_size": b, "status": res["status"], "reason": res["reason"]}
@@ -361,6 +381,10 @@ def reproduce_command(args, baselines: list[str], batch_sizes: list[int]) -> str
     cmd += ["--baselines", *baselines] if baselines else ["--baselines"]
     cmd += ["--batch-sizes", *map(str, batch_sizes), "--input-len", str(args.input_len),
             "--output-len", str(args.output_len), "--repeats", str(args.repeats)]
+    if args.dtype != "float32":
+        cmd += ["--dtype", args.dtype]
+    if args.vllm_python and any(b.startswith("vllm") for b in baselines):
+        cmd += ["--vllm-python", str(args.vllm_python)]
     if args.compilation != "eager":
         cmd += ["--compilation", args.compilation]
     if args.torch_compile_backend != "inductor":
@@ -397,7 +421,8 @@ def run(args) -> dict:
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     n, batch_sizes = args.output_len, list(dict.fromkeys(args.batch_sizes))
     prompts = {b: np.random.default_rng(b).integers(0, vocab, size=(b, args.input_len)) for b in batch_sizes}
-    settings = {"max_model_len": args.input_len + n + 16, "max_num_seqs": max(batch_sizes),
+    settings = {"max_model_len": args.input_len + n + 16, "max_num_seqs": max(batch_sizes), "dtype": args.dtype,
+                "vllm_python": args.vllm_python,
                 "compilation": args.compilation, "torch_compile_backend": args.torch_compile_backend,
                 "llamacpp_cache_dir": args.llamacpp_cache_dir, "threads": args.threads}
     # The reference starts first: its platform decides the default baselines (no JAX backend starts here).
@@ -420,7 +445,7 @@ def run(args) -> dict:
         row["command"] = reproduce_command(args, own, [row["batch_size"]])
     bw = measured["bandwidth"]
     report.print_table(
-        f"jaxinfer vs baselines — {path} ({ref_info.get('num_params', 0) / 1e6:.0f}M params, float32), "
+        f"jaxinfer vs baselines — {path} ({ref_info.get('num_params', 0) / 1e6:.0f}M params, {args.dtype}), "
         f"{args.input_len}+{n} tokens, greedy, median of {args.repeats}; {common['cpu_model']}; bandwidth "
         f"{bw['gb_per_s'] if bw else float('nan'):.1f} GB/s; load average {load_at_start[0]:.1f} at start, "
         f"{common['load_average_at_end'][0]:.1f} at end",
@@ -445,6 +470,10 @@ def add_arguments(p) -> None:
     p.add_argument("--input-len", type=report.positive_int, default=32)
     p.add_argument("--output-len", type=report.positive_int, default=64)
     p.add_argument("--repeats", type=report.positive_int, default=3, help="timed rounds; medians are reported")
+    p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
+                   help="weights and compute of jaxinfer, HF and vLLM (llama.cpp keeps its GGUF's types)")
+    p.add_argument("--vllm-python", default=None, metavar="PATH",
+                   help="the interpreter of vLLM's venv (default: $JAXINFER_VLLM_PYTHON, else this one if it has vllm)")
     p.add_argument("--compilation", choices=("eager", "lazy"), default="eager", help="jaxinfer's LLM(compilation=...)")
     p.add_argument("--torch-compile-backend", default="inductor", help="hf-compile's torch.compile backend")
     p.add_argument("--llamacpp-cache-dir", default=None,

@@ -21,7 +21,8 @@ import numpy as np
 
 
 class HFEagerRunner:
-    """transformers ``generate`` in eager PyTorch (float32, the default SDPA attention, dynamic cache)."""
+    """transformers ``generate`` in eager PyTorch (``settings["dtype"]``, float32 by default; the default SDPA
+    attention, dynamic cache)."""
 
     name = "hf-eager"
     max_batch_size = None  # any batch
@@ -44,8 +45,9 @@ class HFEagerRunner:
         import transformers
 
         self.device = "cpu" if settings.get("platform", "cpu") == "cpu" else "cuda"
+        dtype = getattr(torch, settings.get("dtype", "float32"))
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            checkpoint, local_files_only=True, dtype=torch.float32).to(self.device).eval()
+            checkpoint, local_files_only=True, dtype=dtype).to(self.device).eval()
         self.model.generation_config.eos_token_id = None  # exactly n tokens, as jaxinfer's ignore_eos
         self._torch = torch
 
@@ -79,7 +81,7 @@ class HFEagerRunner:
         torch = self._torch
         return {"torch_version": torch.__version__, "transformers_version": transformers.__version__,
                 "torch_threads": torch.get_num_threads(), "device": self.device,
-                "attn_implementation": self.model.config._attn_implementation, "dtype": "float32"}
+                "attn_implementation": self.model.config._attn_implementation, "dtype": str(self.model.dtype)}
 
     def stats(self) -> dict:
         return {}

@@ -159,10 +159,10 @@ def test_greedy_agreement_and_logprob_drift():
 def test_arguments_defaults_choices_and_reproduce_command(capsys):
     args = _parse([])
     assert args.baselines is None and args.batch_sizes == [1, 16] and args.compilation == "eager"
-    assert set(compare.DEFAULT_BASELINES["cpu"]) == set(compare.BASELINES)
+    assert set(compare.DEFAULT_BASELINES["cpu"]) == set(compare.BASELINES) - {"vllm-default-bind"}
     assert _parse(["--baselines"]).baselines == []
     with pytest.raises(SystemExit):
-        _parse(["--baselines", "vllm"])
+        _parse(["--baselines", "sglang"])
     assert "invalid choice" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _parse(["--repeats", "0"])
