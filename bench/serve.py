@@ -16,7 +16,8 @@ the time spent in steps that compiled ("compile stall") are reported, so one wou
 
 ``--url URL`` sends the same workload through an OpenAI-compatible HTTP server instead (any: jaxinfer, vLLM,
 SGLang), ``--launch`` starts ``jaxinfer serve`` for it; both time requests on the client side
-(``bench/serve_http.py``).
+(``bench/serve_http.py``). ``--vs-vllm`` starts ``vllm serve``, then ``jaxinfer serve``, and prints them side
+by side (``bench/vllm_serve.py``).
 
 Reported per run: TTFT, TPOT (``(finish - first token) / (n_out - 1)``), ITL (gaps between a request's
 consecutive tokens, as seen by the driver after each step) and end-to-end latency, each at P50/P90/P99;
@@ -50,7 +51,7 @@ from typing import Callable
 
 import numpy as np
 
-from bench import hardware, report, serve_http
+from bench import hardware, report, serve_http, vllm_serve
 from bench.workload import (DEFAULT_INPUT_LEN_RANGE, DEFAULT_OUTPUT_LEN_RANGE, TimedRequest, WorkloadSpec,
                             engine_kwargs, make_workload, percentiles, workload_spec)
 from jaxinfer import LLM, SamplingParams
@@ -248,6 +249,8 @@ def compare_ratios(static: dict, continuous: dict) -> dict:
 
 
 def run(args) -> dict:
+    if args.vs_vllm:  # vllm serve and jaxinfer serve, one after the other, under the same workload
+        return vllm_serve.run(args)
     if args.url or args.launch:  # the same workload through an OpenAI-compatible HTTP server
         return serve_http.run(args)
     spec = workload_spec(args)
@@ -325,3 +328,4 @@ def add_arguments(p) -> None:
     p.add_argument("--static-batch-timeout", type=float, default=0.5,
                    help="static batching: longest wait to fill a batch when the engine is idle (s)")
     serve_http.add_arguments(p)
+    vllm_serve.add_arguments(p.add_argument_group("vllm serve beside jaxinfer serve"))

@@ -10,8 +10,9 @@ the in-process run). It needs nothing of jaxinfer's on the server side (only vLL
 which vLLM and SGLang accept), so a vLLM or SGLang server is measured by the same code.
 
 ``--launch`` starts ``jaxinfer serve`` with the engine settings the in-process run uses, waits for
-``/health``, runs, and stops it with SIGTERM. ``--baseline JSON`` (a ``jaxinfer-bench serve --output JSON``
-in-process result) prints HTTP next to in-process: the throughput ratio and the TTFT P50 difference.
+``/health``, runs, and stops it with SIGTERM (``bench/vllm_serve.py`` does the same for ``vllm serve``).
+``--baseline JSON`` (a ``jaxinfer-bench serve --output JSON`` in-process result) prints HTTP next to
+in-process: the throughput ratio and the TTFT P50 difference.
 """
 
 from __future__ import annotations
@@ -102,10 +103,16 @@ async def replay_http(url: str, model: str, workload: list[TimedRequest], api_ke
         return list(await asyncio.gather(*(_send(client, url, model, r, start, headers) for r in workload)))
 
 
-def summarize_http(records: list[HttpRecord]) -> dict:
+def summarize_http(records: list[HttpRecord], allow_failed: bool = False) -> dict:
+    """Client-side latencies and throughput of one replay. A failed request raises, unless ``allow_failed``:
+    then the summary is over the requests that succeeded, with ``num_failed`` and the first errors."""
     failed = [r for r in records if r.error or not r.chunk_times]
-    if failed:
+    if failed and not allow_failed:
         raise RuntimeError(f"{len(failed)} requests failed, e.g. {failed[0].request_id}: {failed[0].error}")
+    errors = [f"{r.request_id}: {r.error or 'no token came back'}" for r in failed[:3]]
+    records = [r for r in records if r not in failed]
+    if not records:
+        return {"num_requests": len(failed), "num_failed": len(failed), "errors": errors}
     rows, itl = [], []
     for r in records:
         ttft = r.chunk_times[0] - r.arrival_s
@@ -118,7 +125,8 @@ def summarize_http(records: list[HttpRecord]) -> dict:
     makespan = max(r.finish_s for r in records)
     total_out = sum(q["output_len"] for q in rows)
     return {
-        "num_requests": len(records), "total_input_tokens": sum(q["input_len"] for q in rows),
+        "num_requests": len(records) + len(failed), "num_failed": len(failed), "errors": errors,
+        "total_input_tokens": sum(q["input_len"] for q in rows),
         "total_output_tokens": total_out, "makespan_s": makespan,
         "output_throughput_tok_s": total_out / makespan, "request_throughput_req_s": len(records) / makespan,
         "ttft_s": percentiles(q["ttft_s"] for q in rows),
@@ -161,6 +169,28 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout_s: floa
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def client_passes(url: str, model: str, args, spec, vocab: int, allow_failed: bool = False) -> list[dict]:
+    """The workload's ``--passes`` through the server at ``url``, one summary per pass: the same passes as
+    the in-process run (other prompt tokens each; the last one is variant 0)."""
+    summaries = []
+    for k in range(args.passes):
+        last = k == args.passes - 1
+        workload = make_workload(spec, vocab, 0 if last else k + 1, "req" if last else f"pass{k}")
+        records = asyncio.run(replay_http(url, model, workload, args.api_key))
+        summaries.append(summarize_http(records, allow_failed))
+    return summaries
 
 
 def _model_name(url: str, api_key: str | None) -> str:
@@ -208,19 +238,10 @@ def run(args) -> dict:
         wait_healthy(url, proc)
         start_s = time.monotonic() - t0
         model = args.served_model_name or _model_name(url, args.api_key)
-        vocab = _vocab_size(args)
-        summaries = []
-        for k in range(args.passes):  # the same passes as the in-process run: the last one is variant 0
-            last = k == args.passes - 1
-            workload = make_workload(spec, vocab, 0 if last else k + 1, "req" if last else f"pass{k}")
-            summaries.append(summarize_http(asyncio.run(replay_http(url, model, workload, args.api_key))))
+        summaries = client_passes(url, model, args, spec, _vocab_size(args))
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
     steady = summaries[-1]
     steady["first_pass"] = {k: v for k, v in summaries[0].items() if k != "requests"}
     rows = [_row("HTTP first pass", summaries[0]), _row(f"HTTP pass {len(summaries)}", steady)]
