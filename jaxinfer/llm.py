@@ -63,6 +63,12 @@ class LLM:
         if not engine.is_leader:
             raise RuntimeError("this process follows process 0 (jax.distributed): call llm.llm_engine.follow() "
                                "here and generate on process 0")
+        # one RequestOutput per request, when it finishes (vLLM's LLM does the same): no outputs built per step
+        final: dict[int, SamplingParams] = {}
+        for sp in params_list:
+            if sp.output_kind == "cumulative" and id(sp) not in final:
+                final[id(sp)] = dataclasses.replace(sp, output_kind="final_only")
+        params_list = [final.get(id(sp), sp) for sp in params_list]
         for p, sp in zip(prompts, params_list):  # validate all before queuing any
             engine.validate_request(p, sp)
         ids = []

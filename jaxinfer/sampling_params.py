@@ -22,6 +22,7 @@ import math
 
 MAX_LOGPROBS = 20  # the most top logprobs ``logprobs`` and ``prompt_logprobs`` may ask for
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+OUTPUT_KINDS = ("cumulative", "final_only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +94,14 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # top logprobs besides the prompt token's, at every prompt position
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's RequestOutputKind: "cumulative" = a RequestOutput after every step that emitted tokens (the whole
+    # output so far); "final_only" = one when the request finishes (what LLM.generate asks for: no per-step cost)
+    output_kind: str = "cumulative"
 
     def __post_init__(self):
         _check_int("n", self.n, lo=1)
+        if self.output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {self.output_kind!r}")
         _check_float("temperature", self.temperature, lo=0.0)
         _check_float("top_p", self.top_p, lo=0.0, lo_open=True, hi=1.0)
         _check_int("top_k", self.top_k, lo=-1)

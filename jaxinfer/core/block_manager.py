@@ -139,7 +139,7 @@ class BlockManager:
             return
         self.update_hashes(seq)
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes), len(seq.block_ids))
-        for i in range(full):
+        for i in range(seq.num_registered_blocks, full):  # the blocks before were registered already
             block, h = seq.block_ids[i], seq.block_hashes[i]
             if self.block_hash[block] is None and h not in self.cached:
                 self.block_hash[block] = h
@@ -147,6 +147,7 @@ class BlockManager:
                 self._ever_cached.add(h)
             if self.pending.get(h) == seq.seq_id:
                 del self.pending[h]
+        seq.num_registered_blocks = max(seq.num_registered_blocks, full)
 
     def free_sequence(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; its tail blocks go to the LRU first so they are evicted first."""
@@ -163,6 +164,7 @@ class BlockManager:
                 else:
                     self.free[block] = None
         seq.block_ids = []
+        seq.num_registered_blocks = 0
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Release the blocks beyond what ``num_tokens`` tokens need (rejected speculative tokens)."""
@@ -178,6 +180,7 @@ class BlockManager:
                 if self.cached.get(h) == last:
                     del self.cached[h]
         del seq.block_hashes[num_tokens // self.block_size :]
+        seq.num_registered_blocks = min(seq.num_registered_blocks, num_tokens // self.block_size)
         extra = seq.block_ids[keep:]
         seq.block_ids = seq.block_ids[:keep]
         for block in reversed(extra):

@@ -26,6 +26,7 @@ import logging
 from typing import Iterable
 
 from jaxinfer.core import request_io
+from jaxinfer.core.tokenizer import IncrementalDetokenizer
 from jaxinfer.outputs import Logprob, RequestOutput
 
 
@@ -90,6 +91,7 @@ class OutputProcessor:
         emitted (objects with ``token_id``, ``logprob``, ``top_logprobs``), ``prompt_logprobs`` seq_id -> the
         prompt logprob rows it computed. Returns the outputs of the requests that emitted tokens."""
         touched: dict[str, request_io.EngineRequest] = {}
+        texts = self._detokenize_single_tokens(scheduled, emitted)
         for s in scheduled:
             seq = s.seq
             if seq.is_finished:
@@ -102,8 +104,9 @@ class OutputProcessor:
             accepted = max(len(tokens) - 1, 0)  # speculative tokens that held (the last one is the target's)
             computed = s.start + s.num_new_tokens - s.num_spec_tokens + accepted
             finished = False
+            text = texts.get(seq.seq_id)
             for tok in tokens:
-                finished = self._append(seq, tok, now)
+                finished = self._append(seq, tok, now, text)
                 if finished:
                     break
             if tokens and not finished and seq.grammar is not None and self.jump_forward:
@@ -116,7 +119,8 @@ class OutputProcessor:
             if tokens:
                 if req.metrics.first_token_time is None:
                     req.metrics.first_token_time = now
-                touched[req.request_id] = req
+                if req.params.output_kind == "cumulative" or req.finished:
+                    touched[req.request_id] = req
         outputs = []
         for req in touched.values():
             if req.finished:
@@ -125,9 +129,28 @@ class OutputProcessor:
             outputs.append(request_io.make_output(req))
         return outputs
 
-    def _append(self, seq, tok, now: float) -> bool:
-        """Append one token through the stop conditions and the sequence's grammar; True when it finished."""
-        if request_io.append_token(seq, tok, now, self.eos_token_ids, self.max_model_len):
+    @staticmethod
+    def _detokenize_single_tokens(scheduled: list, emitted: dict[int, list]) -> dict[int, str]:
+        """seq_id -> the text of its one emitted token, for every live sequence that emitted exactly one and
+        has a detokenizer: all decoded in one batch (``IncrementalDetokenizer.append_each``; sequences that
+        skip special tokens and those that keep them in a batch each). Others detokenize token by token."""
+        groups: dict[bool, list] = {}
+        for s in scheduled:
+            seq = s.seq
+            tokens = emitted.get(seq.seq_id)
+            if tokens and len(tokens) == 1 and seq.detokenizer is not None and not seq.is_finished:
+                groups.setdefault(seq.detokenizer.skip_special_tokens, []).append((seq, tokens[0].token_id))
+        texts = {}
+        for pairs in groups.values():
+            detoks = [seq.detokenizer for seq, _ in pairs]
+            for (seq, _), text in zip(pairs, IncrementalDetokenizer.append_each(detoks, [t for _, t in pairs])):
+                texts[seq.seq_id] = text
+        return texts
+
+    def _append(self, seq, tok, now: float, new_text: str | None = None) -> bool:
+        """Append one token through the stop conditions and the sequence's grammar; True when it finished.
+        ``new_text``: its text, already detokenized (batched), or None."""
+        if request_io.append_token(seq, tok, now, self.eos_token_ids, self.max_model_len, new_text):
             return True
         if seq.grammar is not None and not seq.grammar.accept(tok.token_id):
             # cannot happen while the mask is applied; should it, the output could no longer be valid

@@ -115,9 +115,11 @@ def validate_request(prompt: Any, params: SamplingParams, limits: RequestLimits)
     return text, ids
 
 
-def append_token(seq: Sequence, tok, now: float, eos_token_ids, max_model_len: int) -> bool:
+def append_token(seq: Sequence, tok, now: float, eos_token_ids, max_model_len: int,
+                 new_text: str | None = None) -> bool:
     """Append one emitted token (a ``SampledToken``), apply the stop conditions; True when the sequence
-    finished (its finish_reason, stop_reason and finished_time are then set)."""
+    finished (its finish_reason, stop_reason and finished_time are then set). ``new_text``: the text the
+    token completes, when the caller has already run the sequence's detokenizer on it (a batched step)."""
     p = seq.params
     seq.token_ids.append(tok.token_id)
     if seq.first_token_time is None:
@@ -127,9 +129,9 @@ def append_token(seq: Sequence, tok, now: float, eos_token_ids, max_model_len: i
         entry = {tok.token_id: tok.logprob}
         entry.update({k: v for k, v in tok.top_logprobs.items() if k != tok.token_id})
         seq.logprobs.append(entry)
-    new_text = ""
-    if seq.detokenizer is not None:
-        new_text = seq.detokenizer.append([tok.token_id])
+    if new_text is None:
+        new_text = seq.detokenizer.append([tok.token_id]) if seq.detokenizer is not None else ""
+    if new_text:
         seq.text += new_text
     n_out = seq.num_output_tokens
     reason = stop_reason = None

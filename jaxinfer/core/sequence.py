@@ -59,6 +59,7 @@ class Sequence:
         self.draft_num_computed = 0  # tokens whose K/V the draft model has in its cache
         self.block_ids: list[int] = []
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks of token_ids
+        self.num_registered_blocks = 0  # leading block_ids the block manager has offered to the prefix cache
         self.num_cached_tokens = 0  # prompt tokens that the prefix cache supplied at first admission
         self.num_preemptions = 0
         self.logprobs: list[dict[int, float]] = []

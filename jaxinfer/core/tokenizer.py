@@ -147,6 +147,25 @@ class IncrementalDetokenizer:
         self.all_ids.extend(int(t) for t in token_ids)
         prefix_text = self._decode(self.all_ids[self.prefix_offset : self.read_offset])
         full_text = self._decode(self.all_ids[self.prefix_offset :])
+        return self._emit(prefix_text, full_text)
+
+    @staticmethod
+    def append_each(detokenizers: list["IncrementalDetokenizer"], token_ids: list[int]) -> list[str]:
+        """``append([t])`` of each detokenizer and its token, with one batched decode per window for all of
+        them (the tokenizer's ``decode_batch``): what one engine step does for every sequence it advanced.
+        All must share one tokenizer and ``skip_special_tokens``."""
+        if not detokenizers:
+            return []
+        for d, t in zip(detokenizers, token_ids):
+            d.all_ids.append(int(t))
+        first = detokenizers[0]
+        hf, skip = first.tokenizer.hf_tokenizer, first.skip_special_tokens
+        prefixes = hf.decode_batch([d.all_ids[d.prefix_offset : d.read_offset] for d in detokenizers],
+                                   skip_special_tokens=skip)
+        fulls = hf.decode_batch([d.all_ids[d.prefix_offset :] for d in detokenizers], skip_special_tokens=skip)
+        return [d._emit(p, f) for d, p, f in zip(detokenizers, prefixes, fulls)]
+
+    def _emit(self, prefix_text: str, full_text: str) -> str:
         if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT_CHAR):
             return ""  # nothing new yet, or a character is still incomplete
         new_text = full_text[len(prefix_text) :]

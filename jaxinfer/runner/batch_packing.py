@@ -12,6 +12,7 @@ runner's full width; ``abstract_batch`` describes that layout for compiling ahea
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import jax
 import numpy as np
@@ -33,9 +34,13 @@ class WorkItem:
 def pack(items: list[WorkItem], block_size: int, shape: StepShape, max_blocks: int):
     """Lay the items out in ``shape`` (which must fit them), block tables ``max_blocks`` wide: (StepBatch of
     numpy arrays, first logits row of each item). Items keep their order; padding slots have q_len 0 and
-    kv_len 0, padding tokens write to the null slot, padding logits rows read token 0."""
+    kv_len 0, padding tokens write to the null slot, padding logits rows read token 0.
+
+    Vectorized over the items (one numpy call per array, one slice per block table row): on a host driving a
+    GPU this runs every step, for every sequence of the batch."""
     bs = block_size
     T, S, R = shape.num_tokens, shape.num_seqs, shape.num_logits
+    n = len(items)
     token_ids = np.zeros(T, np.int32)
     positions = np.zeros(T, np.int32)
     slot_mapping = np.full(T, NULL_SLOT, np.int32)
@@ -43,25 +48,29 @@ def pack(items: list[WorkItem], block_size: int, shape: StepShape, max_blocks: i
     cu_q_lens = np.zeros(S + 1, np.int32)
     kv_lens = np.zeros(S, np.int32)
     logits_indices = np.zeros(R, np.int32)
-    starts = []
-    t = r = 0
+    if n == 0:
+        return StepBatch(token_ids, positions, slot_mapping, block_tables, cu_q_lens, kv_lens, logits_indices), []
+    lens = np.fromiter((len(w.tokens) for w in items), np.int64, n)
+    first = np.fromiter((w.start for w in items), np.int64, n)
+    num_logits = np.fromiter((w.num_logits for w in items), np.int64, n)
+    ends = np.cumsum(lens)
+    total = int(ends[-1])
+    cu_q_lens[1 : n + 1] = ends
+    cu_q_lens[n + 1 :] = total
+    kv_lens[:n] = first + lens
     for i, w in enumerate(items):
-        n = len(w.tokens)
-        token_ids[t : t + n] = w.tokens
-        pos = np.arange(w.start, w.start + n)
-        positions[t : t + n] = pos
-        blocks = np.asarray(w.block_ids, np.int32)
-        slot_mapping[t : t + n] = blocks[pos // bs] * bs + pos % bs
-        block_tables[i, : len(blocks)] = blocks
-        kv_lens[i] = w.start + n
-        starts.append(r)
-        logits_indices[r : r + w.num_logits] = np.arange(t + n - w.num_logits, t + n)
-        r += w.num_logits
-        t += n
-        cu_q_lens[i + 1] = t
-    cu_q_lens[len(items) + 1 :] = t
+        block_tables[i, : len(w.block_ids)] = w.block_ids
+    token_ids[:total] = np.fromiter(itertools.chain.from_iterable(w.tokens for w in items), np.int32, total)
+    item = np.repeat(np.arange(n), lens)
+    pos = first[item] + np.arange(total) - (ends - lens)[item]
+    positions[:total] = pos
+    slot_mapping[:total] = block_tables[item, pos // bs] * bs + pos % bs
+    row_starts = np.cumsum(num_logits) - num_logits
+    num_rows = int(num_logits.sum())
+    owner = np.repeat(np.arange(n), num_logits)
+    logits_indices[:num_rows] = (ends - num_logits)[owner] + np.arange(num_rows) - row_starts[owner]
     batch = StepBatch(token_ids, positions, slot_mapping, block_tables, cu_q_lens, kv_lens, logits_indices)
-    return batch, starts  # numpy: the compiled step transfers its arguments far faster than device_put
+    return batch, row_starts.tolist()  # numpy: the compiled step transfers its arguments far faster than device_put
 
 
 def pack_prompt_targets(items: list[WorkItem], num_tokens: int) -> np.ndarray:

@@ -226,3 +226,21 @@ def test_stop_string_over_detokenized_stream(tok):
         if found:
             break
     assert (out, found) == ("first line 你好", "\n\n")
+
+
+def test_batched_append_equals_one_detokenizer_at_a_time(tok):
+    """``append_each`` (one decode_batch per window, what an engine step does) emits exactly what ``append``
+    does, sequence by sequence, multi-byte characters and special tokens included."""
+    rng = random.Random(3)
+    streams = [tok.encode(text, add_special_tokens=False) for text in MULTILINGUAL]
+    streams.append([tok.token_to_id("</s>"), *tok.encode("after a special", add_special_tokens=False)])
+    prompts = [tok.encode(rng.choice(MULTILINGUAL), add_special_tokens=False)[:5] for _ in streams]
+    for skip in (True, False):
+        one = [IncrementalDetokenizer(tok, p, skip_special_tokens=skip) for p in prompts]
+        batched = [IncrementalDetokenizer(tok, p, skip_special_tokens=skip) for p in prompts]
+        for step in range(max(map(len, streams))):
+            live = [i for i, s in enumerate(streams) if step < len(s)]
+            want = [one[i].append([streams[i][step]]) for i in live]
+            got = IncrementalDetokenizer.append_each([batched[i] for i in live], [streams[i][step] for i in live])
+            assert got == want
+        assert [d.text + d.flush() for d in batched] == [d.text + d.flush() for d in one]
