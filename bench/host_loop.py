@@ -5,8 +5,9 @@ outputs) in less time than the device takes to run it, or the device waits. This
 GPU: the real engine (scheduler, block manager, packing, sampling metadata, output processor, incremental
 detokenizer of the embedded model's tokenizer) drives a *simulated device* — a step's tokens are ready D ms
 after it was launched (after the step before it, the device runs one step at a time), and waiting for them
-is a sleep, so the device costs the host no CPU. The tokens are a fixed pseudo-random function of the
-sequence and position (never EOS), the same in both modes.
+is a sleep, so the device costs the host no CPU. The tokens are text: each sequence reads the tokenized
+source of Python's ``json`` package from its own offset on (EOS removed), the same in both modes, so the
+detokenizer sees real text rather than random ids (whose broken UTF-8 it would hold back).
 
 Workload per batch size B (``--batch-sizes``): B requests at once, prompts of ``--prompt-len-range`` tokens
 (random ids), each ``--output-len`` tokens (ignore_eos, detokenized, with a stop string checked every token
@@ -32,10 +33,9 @@ PHASES = ("schedule", "prepare", "wait", "launch", "update")
 class SimulatedDevice:
     """A device that runs one step at a time, each for ``step_s`` seconds, and answers with fixed tokens."""
 
-    def __init__(self, step_s: float, vocab: int, avoid: set[int]):
+    def __init__(self, step_s: float, text_ids: list[int]):
         self.step_s = step_s
-        self.vocab = vocab
-        self.avoid = avoid
+        self.text_ids = text_ids
         self.free_at = 0.0  # when the last launched step finishes
         self.num_steps = 0
         self.slept_s = 0.0  # the host's waits for the device
@@ -48,10 +48,16 @@ class SimulatedDevice:
         return SimulatedStep(self, self.free_at, rows)
 
     def token(self, seq_id: int, position: int) -> int:
-        t = (seq_id * 1_000_003 + position * 7_919) % self.vocab
-        while t in self.avoid:
-            t = (t + 1) % self.vocab
-        return t
+        return self.text_ids[(seq_id * 7_919 + position) % len(self.text_ids)]
+
+
+def text_token_ids(tokenizer, eos: set[int]) -> list[int]:
+    """The tokenized source of Python's json package, EOS ids removed."""
+    import json
+    from pathlib import Path
+
+    text = "".join(p.read_text(encoding="utf-8") for p in sorted(Path(json.__file__).parent.glob("*.py")))
+    return [t for t in tokenizer.encode(text, add_special_tokens=False) if t not in eos]
 
 
 class SimulatedStep:
@@ -97,9 +103,8 @@ def run_case(batch: int, mode: str, args) -> dict:
               max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=blocks,
               enable_prefix_caching=True, async_scheduling=(mode == "async"))
     engine = llm.llm_engine
-    eos = set(engine.eos_token_ids)
     vocab = engine.model_config.vocab_size
-    device = SimulatedDevice(args.step_ms / 1e3, vocab, eos)
+    device = SimulatedDevice(args.step_ms / 1e3, text_token_ids(engine.tokenizer, set(engine.eos_token_ids)))
     simulate(engine, device)
     rng = np.random.default_rng(batch)
     lo, hi = args.prompt_len_range
