@@ -93,7 +93,8 @@ def _prompt_ids(engine, batch: int, prompt_len: str | int, call: int) -> list[li
 
 
 def _run_child(model, spec, cache_dir: str, args) -> dict:
-    engine = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
+    engine = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+              "dtype": args.dtype}
     payload = json.dumps({"model": model, "speculative_config": spec, "cache_dir": cache_dir, "engine": engine,
                           "output_len": args.output_len, "calls": args.calls, "batch_sizes": args.batch_sizes,
                           "prompt_lens": args.prompt_lens, "launched_at": time.time()})
@@ -129,7 +130,7 @@ def run(args) -> dict:
         "first call <= 1.3x the last)",
         ["config", "cache", "start s", "import s", "warm-up s", "executables", "from cache", *calls,
          "compiles after start"], rows)
-    payload = {"benchmark": "startup", "machine": hardware.machine_info(), "model": args.model,
+    payload = {"benchmark": "startup", "machine": hardware.machine_info(), "model": args.model, "dtype": args.dtype,
                "output_len": args.output_len, "calls": args.calls, "prompt_lens": args.prompt_lens,
                "results": results}
     report.write_json(args.output, payload)
@@ -147,6 +148,8 @@ def add_arguments(p) -> None:
                         "every call)")
     p.add_argument("--max-num-seqs", type=report.positive_int, default=64, help="engine setting (plan size)")
     p.add_argument("--max-num-batched-tokens", type=report.positive_int, default=2048, help="engine setting")
+    p.add_argument("--dtype", default="auto", help="engine setting (bfloat16 on a CPU: bfloat16 weights, float32 "
+                   "compute)")
     p.add_argument("--output", default=None, help="write the results as JSON here")
 
 

@@ -38,7 +38,7 @@ from jaxinfer.core.sequence import Sequence
 from jaxinfer.core.tokenizer import IncrementalDetokenizer
 from jaxinfer.cpu import ffi as cpu_ffi
 from jaxinfer.cpu import host_allocator
-from jaxinfer.loading.model_source import load_model, resolve_dtype
+from jaxinfer.loading.model_source import activation_dtype, load_model, resolve_dtype
 from jaxinfer.model.attention import resolve_attention_backend
 from jaxinfer.outputs import RequestMetrics, RequestOutput
 from jaxinfer.quantization import options as quant_setup
@@ -81,7 +81,8 @@ class LLMEngine:
         self.model_config, self.tokenizer = model.config, model.tokenizer
         self.model_source, self.sharding_plan = model.source, model.sharding_plan
         cfg = self.model_config
-        self.kv_dtype = quant_setup.kv_cache_dtype(quant, self.dtype, backend)
+        # a bfloat16 model on a CPU computes in float32 (loading.model_source.activation_dtype)
+        self.kv_dtype = quant_setup.kv_cache_dtype(quant, activation_dtype(self.dtype, platform), backend)
         self.quantization = quant_setup.describe(model.params, cfg, self.dtype, quant, checkpoint_kind)
         if quant.active or checkpoint_kind != "dense":
             logger.info(quant_setup.summary_line(self.quantization))

@@ -45,6 +45,32 @@ class LoadedModel:
     sharding_plan: Any = None  # the ShardingPlan of a mesh, or None on one device
 
 
+def activation_dtype(dtype, platform: str):
+    """The dtype a model of ``dtype`` computes in (activations, KV cache): on a CPU a bfloat16 model keeps its
+    linear weights in bfloat16 (half the bytes a decode step streams) and computes in float32 (XLA:CPU has no
+    fast bfloat16 arithmetic without AVX512-BF16 / AMX; the C++ matvec kernel widens the weights in registers)."""
+    if platform == "cpu" and jnp.dtype(dtype) == jnp.bfloat16:
+        return jnp.dtype(jnp.float32)
+    return jnp.dtype(dtype)
+
+
+def float32_except_linear_weights(params):
+    """``params`` with every array but the K-major and quantized linear weights as float32 (embeddings, norms,
+    biases): the CPU's bfloat16 layout (``activation_dtype``)."""
+    from jaxinfer.model.linear import KMajorWeight
+    from jaxinfer.quantization.quantized_weight import QuantizedWeight
+
+    def keep(x):
+        return isinstance(x, (KMajorWeight, QuantizedWeight))
+
+    def widen(x):
+        if keep(x) or not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return x.astype(jnp.float32)
+
+    return jax.tree.map(widen, params, is_leaf=keep)
+
+
 def resolve_dtype(dtype: str, platform: str):
     if dtype == "auto":
         # This CPU has no native bf16 (AVX2): float32 is both faster and exact there.
@@ -108,6 +134,8 @@ def load_model(model: str | os.PathLike | None, dtype, seed: int = 0, mesh=None,
         if cfg.is_moe:
             params = moe.unstack_experts(params)
         params = k_major_linear_weights(params)  # XLA:CPU's gemv reads [out, in] faster (jaxinfer.model.linear)
+        if jnp.dtype(dtype) == jnp.bfloat16:
+            params = float32_except_linear_weights(params)
         cpu_ffi.available()  # build and register the C++ matvec kernel now: executables loaded from disk call it
     else:
         params = fuse_qkv_weights(params)  # one QKV GEMM per layer (jaxinfer.model.fused_qkv)

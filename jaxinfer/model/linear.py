@@ -65,11 +65,13 @@ def linear(x, w, *, out_dtype=None):
         return quantized_linear(x, w, out_dtype=out_dtype)
     if isinstance(w, KMajorWeight):
         rows = math.prod(x.shape[:-1])
-        if w.cpu_kernel and out_dtype in (None, jnp.float32) and w.dtype == jnp.float32:
-            y = cpu_ffi.product(x.reshape(rows, x.shape[-1]), w.t)
+        kind = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16"}.get(jnp.dtype(w.dtype))
+        if w.cpu_kernel and out_dtype in (None, jnp.float32) and kind and x.dtype == jnp.float32:
+            y = cpu_ffi.product(x.reshape(rows, x.shape[-1]), w.t, kind=kind)
             if y is not None:
                 return y.reshape(*x.shape[:-1], w.t.shape[0])
-        return jax.lax.dot_general(x, w.t, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=out_dtype)
+        t = w.t.astype(x.dtype) if x.dtype == jnp.float32 and w.dtype != x.dtype else w.t  # bf16 weights, f32 compute
+        return jax.lax.dot_general(x, t, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=out_dtype)
     if out_dtype is None:
         return x @ w
     return jnp.dot(x, w, preferred_element_type=out_dtype)

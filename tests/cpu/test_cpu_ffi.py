@@ -43,6 +43,8 @@ def test_a_fresh_build_and_a_failing_compiler(monkeypatch, tmp_path):
 def _weight(rng, n, k, kind):
     if kind == "f32":
         return jnp.asarray(rng.standard_normal((n, k), dtype=np.float32)), None
+    if kind == "bf16":
+        return jnp.asarray(rng.standard_normal((n, k), dtype=np.float32), jnp.bfloat16), None
     if kind == "int8":
         w = rng.integers(-128, 128, (n, k), dtype=np.int8)
     else:  # every e4m3 byte but the two NaNs (0x7F, 0xFF)
@@ -57,7 +59,7 @@ SHAPES = [(1, 1, 1), (1, 7, 3), (2, 37, 129), (3, 100, 203), (4, 256, 64), (5, 9
 
 
 NEEDS_AMX = pytest.mark.skipif(not build.amx_available(), reason="no AMX tiles on this CPU (or JAXINFER_CPU_AMX=0)")
-ALGORITHM_KINDS = ([("matvec", kind) for kind in cpu_ffi.ops.KINDS] + [("gemm", kind) for kind in cpu_ffi.ops.KINDS]
+ALGORITHM_KINDS = ([("matvec", kind) for kind in cpu_ffi.ops.KINDS] + [("gemm", kind) for kind in cpu_ffi.ops.GEMM_KINDS]
                    + [pytest.param("gemm_amx", kind, marks=NEEDS_AMX) for kind in ("int8", "e4m3_bits")])
 AMX_SHAPES = [(300, 70, 40), (40, 2048, 48), (17, 4096, 16), (129, 64, 2049)]  # 128-row panels, 4 KiB rows, ends
 
@@ -138,6 +140,10 @@ def test_bad_inputs_are_value_errors():
         cpu_ffi.matvec(x, jnp.ones((4, 8), jnp.int8), jnp.ones(3), "int8")
     with pytest.raises(ValueError, match="8-bit"):
         cpu_ffi.gemm_amx(x, jnp.ones((4, 8), jnp.float32), None, "f32")
+    with pytest.raises(ValueError, match="bfloat16"):
+        cpu_ffi.matvec(x, jnp.ones((4, 8), jnp.float32), None, "bf16")
+    with pytest.raises(ValueError, match="matvec does"):
+        cpu_ffi.gemm(x, jnp.ones((4, 8), jnp.bfloat16), None, "bf16")
 
 
 def _targets(fn, *args) -> str:
@@ -159,6 +165,10 @@ def test_linear_calls_each_kernel_where_it_is_the_faster():
     fw = with_cpu_storage(quantize_weight(jnp.ones((32, 64), jnp.float32), "fp8_w8a16"))
     e4m3 = lambda x: quantized_linear(x, fw, implementation="cpu")  # noqa: E731
     assert "jaxinfer_matvec_e4m3" in _targets(e4m3, x[8]) and f"{gemm}_e4m3" in _targets(e4m3, x[32])
+    # bfloat16 weights (a bfloat16 model on a CPU): the matvec kernel up to 64 rows, then XLA on widened weights
+    bw = KMajorWeight(jnp.ones((64, 32), jnp.bfloat16))
+    assert "jaxinfer_matvec_bf16" in _targets(linear, x[32], bw) and "jaxinfer_" not in _targets(linear, x[96], bw)
+    np.testing.assert_array_equal(linear(x[96], bw), np.full((96, 64), 32.0, np.float32))
 
 
 def test_amx_switched_off_by_the_environment_falls_back_to_the_gemm_kernel(monkeypatch):

@@ -33,7 +33,8 @@ HERE = Path(__file__).parent
 SOURCES = (HERE / "matvec.cc", HERE / "gemm.cc", HERE / "gemm_amx.cc", HERE / "paged_attention.cc",
            HERE / "ragged_attention.cc")
 HEADERS = (HERE / "kernel_common.h",)
-TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3", "jaxinfer_gemm_f32",
+TARGETS = ("jaxinfer_matvec_f32", "jaxinfer_matvec_int8", "jaxinfer_matvec_e4m3", "jaxinfer_matvec_bf16",
+           "jaxinfer_gemm_f32",
            "jaxinfer_gemm_int8", "jaxinfer_gemm_e4m3", "jaxinfer_gemm_amx_int8", "jaxinfer_gemm_amx_e4m3",
            "jaxinfer_paged_attention_f32", "jaxinfer_paged_attention_e4m3", "jaxinfer_ragged_attention_f32",
            "jaxinfer_ragged_attention_e4m3")

@@ -84,6 +84,30 @@ struct E4M3 {
   static float one(int8_t v) { return e4m3_to_float(v); }
 };
 
+struct BF16 {  // bfloat16 bit patterns: the upper half of a float32
+  using T = uint16_t;
+  static f32v load(const uint16_t* p) {
+#if defined(__AVX512F__)
+    const i32v b = (i32v)_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__AVX2__)
+    const i32v b = (i32v)_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    typedef uint16_t u16v __attribute__((vector_size(2 * kLanes), aligned(2)));
+    const i32v b = __builtin_convertvector(*reinterpret_cast<const u16v*>(p), i32v);
+#endif
+    const i32v bits = b << 16;
+    f32v v;
+    __builtin_memcpy(&v, &bits, sizeof v);
+    return v;
+  }
+  static float one(uint16_t v) {
+    const uint32_t bits = static_cast<uint32_t>(v) << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+  }
+};
+
 // The D floats of one cached row: the row itself (float32) or its decoded copy in buf (8-bit formats).
 template <class Fmt>
 inline const float* as_floats(const typename Fmt::T* row, int64_t D, float* buf) {

@@ -3,6 +3,7 @@
 //   jaxinfer_matvec_f32    y[M, N] = x[M, K] . w[N, K]^T                 (w float32, K-major)
 //   jaxinfer_matvec_int8   y[M, N] = (x . w^T) * scale[N]                (w int8)
 //   jaxinfer_matvec_e4m3   y[M, N] = (x . decode(w)^T) * scale[N]        (w: e4m3 bit patterns typed int8)
+//   jaxinfer_matvec_bf16   y[M, N] = x . w^T                             (w bfloat16: half the bytes of float32)
 //
 // Decode steps multiply a handful of activation rows by every weight of the model, so their speed is the
 // rate at which the weights stream from memory. Each output row n is the dot product of the weight's row n
@@ -109,6 +110,18 @@ ffi::Error matvec(ffi::ThreadPool& pool, const float* x, Dims xd, const typename
   return ffi::Error::Success();
 }
 
+ffi::Error MatvecBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::BF16> w,
+                      ffi::Result<ffi::Buffer<ffi::F32>> y) {
+  return matvec<BF16>(pool, x.typed_data(), x.dimensions(), w.typed_data(), w.dimensions(), nullptr, nullptr,
+                      y->typed_data());
+}
+
 }  // namespace
 
 JAXINFER_PRODUCT_HANDLERS(jaxinfer_matvec, matvec);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxinfer_matvec_bf16, MatvecBf16,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

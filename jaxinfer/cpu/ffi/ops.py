@@ -2,7 +2,8 @@
 plain-jnp reference, and which one the engine uses for how many rows (``kernel_for``, ``product``).
 
 Weight kinds: "f32" (float32 ``[N, K]``), "int8" (int8 ``[N, K]`` with a float32 scale per output channel)
-and "e4m3_bits" (float8_e4m3fn bit patterns typed int8, the fp8 weights' CPU storage, with the same scales).
+and "e4m3_bits" (float8_e4m3fn bit patterns typed int8, the fp8 weights' CPU storage, with the same scales),
+and "bf16" (bfloat16 ``[N, K]``, no scale: a ``dtype="bfloat16"`` model's weights on a CPU, float32 activations).
 """
 
 from __future__ import annotations
@@ -31,10 +32,14 @@ from jaxinfer.cpu.ffi import build
 # 32 rows 0.118 / 0.298 / 0.279 vs matvec 0.175 / 0.466 / 0.487; 512 rows 1.23 / 2.14 / 2.57 vs XLA's float32
 # dot 2.04 / 5.44 / 5.67 (1.7-2.5x; the gemm kernel is ~0.85x XLA there). In the model (quant bench,
 # bench/results/cpu-2026-12-01-session9) a 512-token prefill takes 256 ms with int8 weights, 425 with float32.
-MATVEC_MAX_ROWS = {"f32": 16, "int8": 16, "e4m3_bits": 16}
-GEMM_MIN_ROWS = {"f32": float("inf"), "int8": 17, "e4m3_bits": 17}
-AMX_MIN_ROWS = {"f32": float("inf"), "int8": 17, "e4m3_bits": 17}
+# bfloat16 weights: the matvec kernel up to 64 rows (it reads them once, in their width; XLA's dot beyond, on the
+# weight widened to float32 in the graph)
+MATVEC_MAX_ROWS = {"f32": 16, "int8": 16, "e4m3_bits": 16, "bf16": 64}
+GEMM_MIN_ROWS = {"f32": float("inf"), "int8": 17, "e4m3_bits": 17, "bf16": float("inf")}
+AMX_MIN_ROWS = {"f32": float("inf"), "int8": 17, "e4m3_bits": 17, "bf16": float("inf")}
+UNSCALED = ("f32", "bf16")
 KINDS = tuple(MATVEC_MAX_ROWS)
+GEMM_KINDS = ("f32", "int8", "e4m3_bits")  # the gemm kernel's (bfloat16 weights beyond 64 rows go to XLA)
 
 
 def kernel_for(rows: int, x_dtype, kind: str = "f32") -> str | None:
@@ -54,15 +59,17 @@ def _check(x, w, scale, kind):
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"want x [M, K] and w [N, K], got {x.shape} and {w.shape}")
-    want = jnp.float32 if kind == "f32" else jnp.int8
+    want = {"f32": jnp.float32, "bf16": jnp.bfloat16}.get(kind, jnp.int8)
     if jnp.dtype(w.dtype) != jnp.dtype(want) or jnp.dtype(x.dtype) != jnp.float32:
         raise ValueError(f"kind {kind!r} wants x float32 and w {jnp.dtype(want)}, got {x.dtype} and {w.dtype}")
-    if (scale is None) != (kind == "f32") or (scale is not None and tuple(scale.shape) != (w.shape[0],)):
-        raise ValueError(f"kind {kind!r} takes {'no scale' if kind == 'f32' else f'a scale [{w.shape[0]}]'}")
+    if (scale is None) != (kind in UNSCALED) or (scale is not None and tuple(scale.shape) != (w.shape[0],)):
+        raise ValueError(f"kind {kind!r} takes {'no scale' if kind in UNSCALED else f'a scale [{w.shape[0]}]'}")
 
 
 def _call(algorithm: str, x, w, scale, kind):
     _check(x, w, scale, kind)
+    if algorithm != "matvec" and kind not in GEMM_KINDS:
+        raise ValueError(f"the {algorithm} kernel takes kinds {GEMM_KINDS}, not {kind!r} (matvec does)")
     build.require(x, w)
     target = f"jaxinfer_{algorithm}_{'e4m3' if kind == 'e4m3_bits' else kind}"
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
@@ -93,7 +100,7 @@ def gemm(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, kind: str =
 def gemm_amx(x: jax.Array, w: jax.Array, scale: jax.Array, kind: str = "int8") -> jax.Array:
     """The same product (8-bit kinds only) on AMX tiles: the float32 activations split exactly into three
     bfloat16 terms, the weight packed as bfloat16 once per call (needs ``build.amx_available()``)."""
-    if kind == "f32":
+    if kind in UNSCALED:
         raise ValueError("gemm_amx takes 8-bit weights (kind 'int8' or 'e4m3_bits'), not 'f32'")
     build.require(x, w)
     if not build.amx_loaded():
