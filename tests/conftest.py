@@ -30,3 +30,19 @@ def hf_checkpoints(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_models(hf_checkpoints):
     return {name: hf_oracle.load_hf(path) for name, path in hf_checkpoints.items()}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_executables():
+    """After each test module: drop jax's in-process caches, which keep every executable compiled in this process
+    alive after its engine is gone. A compiled XLA:CPU executable holds ~380 memory mappings (the embedded model's
+    plan, measured with /proc/self/maps); a session that builds a hundred engines of different shapes approached
+    the kernel's 65530 (vm.max_map_count) and crashed inside XLA (segfaults in compile and deserialize, ~94% into
+    a full run). Engines that a module or package fixture still holds keep their executables."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
