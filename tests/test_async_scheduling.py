@@ -121,3 +121,27 @@ def test_refused_with_speculation_or_multistep(hf_checkpoints):
     with pytest.raises(ValueError, match="num_scheduler_steps"):
         LLM(compilation="lazy", model=str(hf_checkpoints["llama_gqa"]), async_scheduling=True,
             num_scheduler_steps=4)
+
+
+def test_bad_settings_are_clear_errors():
+    from jaxinfer.config.engine import EngineConfig
+
+    with pytest.raises(TypeError, match="async_scheduling must be True, False or None"):
+        EngineConfig(async_scheduling="yes")
+    with pytest.raises(ValueError, match="output_kind must be one of"):
+        SamplingParams(output_kind="delta")
+
+
+def test_generate_builds_final_outputs_only(engines):
+    """LLM.generate asks for final_only: the step API of the same engine still streams cumulative outputs."""
+    _, on = engines
+    eng = on.llm_engine
+    eng.add_request("f", {"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=4, ignore_eos=True,
+                                                                         output_kind="final_only"))
+    eng.add_request("c", {"prompt_token_ids": [5, 6, 8]}, SamplingParams(max_tokens=4, ignore_eos=True))
+    seen = {"f": [], "c": []}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            seen[out.request_id].append(out.finished)
+    assert seen["f"] == [True] and len(seen["c"]) == 4 and seen["c"][-1] is True
+    _no_leak(on)
