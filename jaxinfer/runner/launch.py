@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from jaxinfer.core.scheduler import ScheduledSeq
 from jaxinfer.runner.batch_packing import WorkItem, pack
+from jaxinfer.runner.model_runner import SampledToken
 from jaxinfer.runner.multihost import host_values
 from jaxinfer.runner.sampling_inputs import choose_variant
 
@@ -55,8 +57,6 @@ class LaunchedStep:
 
     def collect(self) -> dict:
         """seq_id -> [SampledToken] (waits for the device)."""
-        from jaxinfer.runner.model_runner import SampledToken
-
         tokens, logprobs, top_ids, top_lps = host_values(
             self.out.tokens, self.out.logprobs, self.out.topk_ids, self.out.topk_logprobs)
         result = {}
@@ -115,6 +115,4 @@ def dispatch(runner, prepared: PreparedStep) -> LaunchedStep | None:
 
 
 def _leaves(tree) -> list:
-    import jax
-
     return jax.tree.leaves(tree)
