@@ -1,6 +1,9 @@
-"""Prometheus metrics of the server (``GET /metrics``), with vLLM's names under a ``jaxinfer:`` prefix.
+"""Prometheus metrics of the server (``GET /metrics``): vLLM's names, under both ``vllm:`` and ``jaxinfer:``.
 
-Dashboards made for vLLM port by renaming ``vllm:`` to ``jaxinfer:``. Every series carries a ``model_name``
+Every series that vLLM also has is exposed twice with the same value: as ``vllm:NAME``, so dashboards and
+routers made for vLLM read it unmodified (SMG reads ``vllm:num_requests_running``, ``vllm:num_requests_waiting``
+and ``vllm:kv_cache_usage_perc`` for its load-aware policies), and as ``jaxinfer:NAME``. Series vLLM does not
+have (``num_compilations*``, ``engine_dead``) are ``jaxinfer:`` only. Every series carries a ``model_name``
 label. Two sources:
 
 * engine state, read at scrape time from the snapshot the engine thread publishes after each step
@@ -21,7 +24,7 @@ Each server owns its registry (no process-global state), so several apps can liv
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from jaxinfer.server.async_engine import AsyncLLMEngine, RequestTimes
 
@@ -30,6 +33,15 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
                     20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 P = "jaxinfer:"
+VLLM = "vllm:"
+# families vLLM exposes under the same name (without prefix; counters without their _total suffix)
+VLLM_NAMES = frozenset({
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries",
+    "prefix_cache_hits", "num_preemptions", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+    "prompt_tokens", "generation_tokens", "request_success", "time_to_first_token_seconds",
+    "inter_token_latency_seconds", "request_time_per_output_token_seconds", "e2e_request_latency_seconds",
+    "request_prompt_tokens", "request_generation_tokens",
+})
 
 
 class ServerMetrics:
@@ -62,6 +74,10 @@ class ServerMetrics:
         for reason in ("stop", "length", "abort"):
             self._success.labels(model_name, reason)
         self._engine: AsyncLLMEngine | None = None
+        # what /metrics shows: every family of the registry, and the vLLM ones again under vllm:
+        self._exposition = CollectorRegistry(auto_describe=False)
+        self._exposition.register(_Renamed(self.registry, None))
+        self._exposition.register(_Renamed(self.registry, VLLM))
 
     def attach(self, engine: AsyncLLMEngine) -> None:
         """Read the engine's state at each scrape and observe its requests."""
@@ -70,7 +86,7 @@ class ServerMetrics:
         self.registry.register(_EngineCollector(engine, self.model_name))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposition)
 
     # RequestObserver
     def on_tokens(self, num_new: int, since_last_s: float | None, ttft_s: float | None) -> None:
@@ -89,6 +105,28 @@ class ServerMetrics:
             self.e2e.observe(times.finished - times.arrival)
             if times.num_generation_tokens > 1 and times.last_token is not None:
                 self.tpot.observe((times.last_token - times.first_token) / (times.num_generation_tokens - 1))
+
+
+class _Renamed:
+    """The families of ``registry`` as they are (``prefix=None``), or only vLLM's, renamed to ``prefix + NAME``."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str | None):
+        self.registry, self.prefix = registry, prefix
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        for family in self.registry.collect():
+            if self.prefix is None:
+                yield family
+                continue
+            base = family.name[len(P):]
+            if base not in VLLM_NAMES:
+                continue
+            renamed = Metric(self.prefix + base, family.documentation, family.type, family.unit)
+            renamed.samples = [s._replace(name=self.prefix + s.name[len(P):]) for s in family.samples]
+            yield renamed
 
 
 class _EngineCollector:
