@@ -6,6 +6,11 @@ removal); allocation takes the oldest. With prefix caching on, a *full* block is
 that chains its parent block's hash with its own token ids and the request's ``cache_salt``
 (SHA-256, so collisions are not a practical concern). A freed block keeps its hash and stays findable
 until the LRU evicts it, so blocks held only by the cache count as free.
+
+With an event recorder (``jaxinfer.core.kv_events``), every hash that enters the cache (``BlockStored``,
+consecutive newly cached blocks of one sequence together), every hash that leaves it (``BlockRemoved``: an
+eviction, a truncated block) and a reset (``AllBlocksCleared``) is recorded, so a subscriber can rebuild
+``cached``'s keys from the events alone.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import struct
 from collections import OrderedDict
 from typing import Iterable
 
+from jaxinfer.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventRecorder
 from jaxinfer.core.sequence import Sequence
 
 NULL_BLOCK = 0
@@ -30,7 +36,8 @@ def chain_hash(parent: bytes | None, token_ids: Iterable[int], salt: str | None)
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 events: KVEventRecorder | None = None):
         if num_blocks < 2:
             raise ValueError(f"need at least 2 KV blocks (block 0 is reserved), got {num_blocks}")
         self.num_blocks = num_blocks
@@ -49,6 +56,7 @@ class BlockManager:
         # Full blocks that an admitted sequence is about to compute: hash -> seq_id. A sequence whose next
         # missing block is pending waits for it instead of computing the same prefix twice.
         self.pending: dict[bytes, int] = {}
+        self.events = events  # KV-cache events for subscribers (None: none recorded)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -122,6 +130,7 @@ class BlockManager:
         return True
 
     def _allocate(self, seq: Sequence, count: int) -> None:
+        evicted = []
         for _ in range(max(count, 0)):
             block, _ = self.free.popitem(last=False)
             old = self.block_hash[block]
@@ -129,9 +138,12 @@ class BlockManager:
                 self.num_evictions += 1
                 if self.cached.get(old) == block:
                     del self.cached[old]
+                    evicted.append(old)
                 self.block_hash[block] = None
             self.ref_counts[block] = 1
             seq.block_ids.append(block)
+        if evicted and self.events is not None:
+            self.events.append(BlockRemoved(tuple(evicted)))
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register the hashes of ``seq``'s blocks whose tokens all have K/V computed."""
@@ -139,15 +151,34 @@ class BlockManager:
             return
         self.update_hashes(seq)
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes), len(seq.block_ids))
+        stored: list[int] = []  # indices of the blocks newly cached by this call
         for i in range(seq.num_registered_blocks, full):  # the blocks before were registered already
             block, h = seq.block_ids[i], seq.block_hashes[i]
             if self.block_hash[block] is None and h not in self.cached:
                 self.block_hash[block] = h
                 self.cached[h] = block
                 self._ever_cached.add(h)
+                stored.append(i)
             if self.pending.get(h) == seq.seq_id:
                 del self.pending[h]
         seq.num_registered_blocks = max(seq.num_registered_blocks, full)
+        if stored and self.events is not None:
+            self._record_stored(seq, stored)
+
+    def _record_stored(self, seq: Sequence, stored: list[int]) -> None:
+        """One ``BlockStored`` per run of consecutive block indices (a block already cached elsewhere splits
+        a run: it is not stored again)."""
+        bs, start = self.block_size, 0
+        for k in range(1, len(stored) + 1):
+            if k == len(stored) or stored[k] != stored[k - 1] + 1:
+                first, last = stored[start], stored[k - 1]
+                self.events.append(BlockStored(
+                    block_hashes=tuple(seq.block_hashes[first : last + 1]),
+                    parent_block_hash=seq.block_hashes[first - 1] if first > 0 else None,
+                    token_ids=tuple(seq.token_ids[first * bs : (last + 1) * bs]),
+                    block_size=bs,
+                ))
+                start = k
 
     def free_sequence(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; its tail blocks go to the LRU first so they are evicted first."""
@@ -179,6 +210,8 @@ class BlockManager:
                 self.block_hash[last] = None
                 if self.cached.get(h) == last:
                     del self.cached[h]
+                    if self.events is not None:
+                        self.events.append(BlockRemoved((h,)))
         del seq.block_hashes[num_tokens // self.block_size :]
         seq.num_registered_blocks = min(seq.num_registered_blocks, num_tokens // self.block_size)
         extra = seq.block_ids[keep:]
@@ -188,6 +221,19 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 self.free[block] = None
                 self.free.move_to_end(block, last=False)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (vLLM's ``reset_prefix_cache``: after new weights, or between benchmark
+        runs). Only when no sequence holds a block — every usable block is free; otherwise False and nothing
+        changes."""
+        if self.num_free_blocks != self.num_usable_blocks:
+            return False
+        self.block_hash = [None] * self.num_blocks
+        self.cached.clear()
+        self.pending.clear()  # held by running sequences only: already empty
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
+        return True
 
     def record_query(self, seq: Sequence, num_hit_tokens: int) -> None:
         """Account a first admission: its prompt tokens, the cache hits, and why the rest missed."""
