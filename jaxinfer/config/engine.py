@@ -53,6 +53,11 @@ class EngineConfig:
     # structured outputs (jaxinfer.config.structured): {"backend": "auto" | "guidance" | "disabled",
     # "jump_forward": True, "whitespace_pattern": None}; None = the defaults
     structured_outputs_config: dict[str, Any] | None = None
+    # KV-cache events for cache-aware routers (jaxinfer.config.kv_events: vLLM's KVEventsConfig fields, e.g.
+    # {"enable_kv_cache_events": True, "endpoint": "tcp://*:5557", "topic": "kv-events"}); None = off
+    kv_events_config: dict[str, Any] | None = None
+    # this replica's rank among data-parallel replicas: offsets the KV-events ports and stamps their batches
+    data_parallel_rank: int = 0
     seed: int = 0
 
     def __post_init__(self):
@@ -100,8 +105,13 @@ class EngineConfig:
         if self.async_scheduling and self.num_scheduler_steps > 1:
             raise ValueError("async_scheduling=True cannot be combined with num_scheduler_steps > 1 (both hide the "
                              "host's work; choose one)")
+        if not isinstance(self.data_parallel_rank, int) or isinstance(self.data_parallel_rank, bool) \
+                or self.data_parallel_rank < 0:
+            raise ValueError(f"data_parallel_rank must be an int >= 0, got {self.data_parallel_rank!r}")
+        from jaxinfer.config.kv_events import KVEventsConfig
         from jaxinfer.config.structured import StructuredOutputsConfig
 
+        KVEventsConfig.from_dict(self.kv_events_config)  # validate early
         StructuredOutputsConfig.from_dict(self.structured_outputs_config)  # validate early
         if self.speculative_config is not None:
             from jaxinfer.config.speculative import SpeculativeConfig
