@@ -17,6 +17,7 @@ Bounds (``ServerOptions``) are checked with the prompts, before anything is queu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -69,16 +70,39 @@ class OpenAIServing:
         """Validate all prompts, check capacity, then start one engine request per prompt (``aliases``: engine
         field -> the request's, for the ``param`` of an error)."""
         try:
-            validated = [self.engine.validate(p, params) for p in prompts]
-            self._check_bounds(params, validated)
+            validated, per_prompt = [], []
+            for p in prompts:
+                text, ids = self.engine.validate(p, self._uncapped(params))
+                capped = self._cap_max_tokens(params, len(ids))
+                self.engine.validate({"prompt_token_ids": ids}, capped)
+                validated.append((text, ids))
+                per_prompt.append(capped)
+            for capped, v in zip(per_prompt, validated):
+                self._check_bounds(capped, [v])
             self.engine.check_capacity(len(prompts))
         except (ValueError, EngineDeadError, EngineOverloadedError) as exc:
             raise engine_error(exc, aliases) from None
         rid = f"{prefix}-{uuid.uuid4().hex}"
         arrival = time.monotonic()
-        gens = [self.engine.generate({"prompt_token_ids": ids}, params, f"{rid}-{i}" if len(prompts) > 1 else rid,
-                                     arrival_time=arrival) for i, (_, ids) in enumerate(validated)]
+        gens = [self.engine.generate({"prompt_token_ids": ids}, per_prompt[i],
+                                     f"{rid}-{i}" if len(prompts) > 1 else rid, arrival_time=arrival)
+                for i, (_, ids) in enumerate(validated)]
         return rid, validated, gens
+
+    @staticmethod
+    def _uncapped(params: SamplingParams) -> SamplingParams:
+        """``params`` without the max_tokens bound (to validate the prompt before capping max_tokens to it)."""
+        if params.max_tokens is None:
+            return params
+        return dataclasses.replace(params, max_tokens=None, min_tokens=0)
+
+    def _cap_max_tokens(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        """vLLM's rule: a ``max_tokens`` beyond the context left after the prompt is lowered to what is left (the
+        request ends with finish_reason "length" there) instead of refused."""
+        room = self.engine.max_model_len - prompt_len
+        if params.max_tokens is None or params.max_tokens <= room:
+            return params
+        return dataclasses.replace(params, max_tokens=room)
 
     def _check_bounds(self, params: SamplingParams, validated: list) -> None:
         if params.n > self.options.max_n:

@@ -295,7 +295,8 @@ BAD = [
     ("unknown field", {"prompt": "x", "logit_bias": {"1": 2}}, 400, "logit_bias"),
     ("unknown model", {"prompt": "x", "model": "gpt-4"}, 404, "gpt-4"),
     ("negative max_tokens", {"prompt": "x", "max_tokens": -3}, 400, "max_tokens"),
-    ("huge max_tokens", {"prompt": "x", "max_tokens": 10 ** 6}, 400, "max_model_len"),
+    ("min_tokens beyond the context", {"prompt": "x", "max_tokens": 10 ** 6, "min_tokens": 10 ** 6}, 400,
+     "min_tokens"),
     ("n = 0", {"prompt": "x", "n": 0}, 400, "n must be"),
     ("prompt too long", {"prompt": list(range(1, 300))}, 400, "max_model_len"),
     ("token id out of range", {"prompt": [1, 99999]}, 400, "out of range"),
@@ -323,6 +324,19 @@ def test_bad_input_is_4xx_and_next_request_served(url, client, llm, name, body, 
     assert needle in err["message"] and err["type"]
     ok = client.completions.create(model="jaxinfer-default", prompt=PROMPTS[0], max_tokens=6, temperature=0.0)
     assert ok.choices[0].text == _offline(llm, [PROMPTS[0]], temperature=0.0, max_tokens=6)[0].outputs[0].text
+
+
+def test_max_tokens_beyond_the_context_is_capped_as_vllm_does(client, llm):
+    """vLLM lowers a max_tokens the context cannot hold to what is left after the prompt (``vllm bench serve``'s
+    random prompts rely on it); the answer ends with finish_reason "length" at max_model_len."""
+    prompt_len = len(_offline(llm, [PROMPTS[1]], max_tokens=1)[0].prompt_token_ids)
+    room = 256 - prompt_len  # the server's max_model_len
+    ref = _offline(llm, [PROMPTS[1]], temperature=0.0, max_tokens=room, ignore_eos=True)[0].outputs[0]
+    for max_tokens in (room + 1, 10 ** 6):
+        resp = client.completions.create(model="jaxinfer-default", prompt=PROMPTS[1], max_tokens=max_tokens,
+                                         temperature=0.0, extra_body={"ignore_eos": True})
+        assert resp.usage.completion_tokens == room and resp.choices[0].finish_reason == "length"
+        assert resp.choices[0].text == ref.text
 
 
 def test_openai_client_sees_typed_errors(url, client):
