@@ -90,6 +90,12 @@ def is_bind_endpoint(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
+def require_packages() -> None:
+    """ImportError saying how to install pyzmq and msgpack, where either is missing."""
+    _require("zmq")
+    _require("msgpack")
+
+
 def make_publisher(config: KVEventsConfig, data_parallel_rank: int = 0) -> "ZmqEventPublisher | None":
     """The publisher ``config`` asks for, or None when events are off (publisher "null")."""
     return ZmqEventPublisher(config, data_parallel_rank) if config.enabled else None
@@ -100,8 +106,8 @@ class ZmqEventPublisher:
     """PUB socket plus optional ROUTER replay socket, both owned by one background thread."""
 
     def __init__(self, config: KVEventsConfig, data_parallel_rank: int = 0):
+        require_packages()
         zmq = self._zmq = _require("zmq")
-        _require("msgpack")
         self.config = config
         self.data_parallel_rank = data_parallel_rank
         self._topic = config.topic.encode()

@@ -29,8 +29,13 @@ class LLM:
         self._counter = itertools.count()
 
     def close(self) -> None:
-        """Multi-process engines: on process 0, release the processes in ``follow()`` (no-op otherwise)."""
+        """Stop publishing KV-cache events (``kv_events_config``); multi-process engines: on process 0, release
+        the processes in ``follow()``. A no-op for an engine with neither."""
         self.llm_engine.close()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's name); False while requests hold KV blocks."""
+        return self.llm_engine.reset_prefix_cache()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

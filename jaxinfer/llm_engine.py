@@ -27,17 +27,20 @@ import jax
 import numpy as np
 
 from jaxinfer.config.engine import EngineConfig
+from jaxinfer.config.kv_events import KVEventsConfig
 from jaxinfer.config.speculative import SpeculativeConfig
 from jaxinfer.config.structured import StructuredOutputsConfig
 from jaxinfer.core import request_io
 from jaxinfer.core.async_step import AsyncStepper, HostTimes, RunnerOps
 from jaxinfer.core.block_manager import BlockManager
+from jaxinfer.core.kv_events import KVEventBatch, KVEventRecorder
 from jaxinfer.core.output_processor import OutputProcessor
 from jaxinfer.core.scheduler import Scheduler, SchedulerConfig
 from jaxinfer.core.sequence import Sequence
 from jaxinfer.core.tokenizer import IncrementalDetokenizer
 from jaxinfer.cpu import ffi as cpu_ffi
 from jaxinfer.cpu import host_allocator
+from jaxinfer.kv_events_publisher import make_publisher, require_packages
 from jaxinfer.loading.model_source import activation_dtype, load_model, resolve_dtype
 from jaxinfer.model.attention import resolve_attention_backend
 from jaxinfer.outputs import RequestMetrics, RequestOutput
@@ -97,7 +100,19 @@ class LLMEngine:
         self.num_blocks = kv_pool.num_kv_blocks(config, cfg, max_model_len=self.max_model_len,
                                                 kv_dtype=self.kv_dtype, platform=platform, mesh=self.mesh,
                                                 sharding_plan=self.sharding_plan)
-        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        # KV-cache events (jaxinfer.kv_events_publisher): the block manager records them, each step publishes
+        # one batch. Only process 0 schedules, so only it publishes; the publisher is made last (below).
+        kv_events_config = KVEventsConfig.from_dict(config.kv_events_config)
+        self.kv_events = KVEventRecorder() if kv_events_config.enabled and multihost.is_leader() else None
+        if self.kv_events is not None:
+            require_packages()  # before anything compiles
+            if not config.enable_prefix_caching:
+                logger.warning("KV-cache events with enable_prefix_caching=False: no block is ever cached, so "
+                               "only resets are published")
+        self.kv_events_publisher = None
+        self.num_kv_event_batches = self.num_kv_events = 0
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching,
+                                          events=self.kv_events)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -156,6 +171,8 @@ class LLMEngine:
             self.warm_up_report = warm_up(plan)  # marks every runner's executables as started
         if multihost.multi_process():
             multihost.Channel.warm_up(self.runner.max_payload_words())
+        if self.kv_events is not None:  # last: nothing to close if the engine fails to start
+            self.kv_events_publisher = make_publisher(kv_events_config, config.data_parallel_rank)
 
     def _plan(self, verify_logits: str) -> ShapePlan:
         c = self.config
@@ -307,7 +324,26 @@ class LLMEngine:
             if unplanned > 0 and self.config.compilation == "eager":
                 warnings.warn(f"jaxinfer: a step compiled {watch.names} after start (an operation outside the "
                               "compiled plan; please report it)", RuntimeWarning, stacklevel=2)
+        if self.kv_events:  # a recorder holding events (empty or None: nothing to do)
+            self._publish_kv_events()
         return outputs
+
+    def _publish_kv_events(self) -> None:
+        """Publish what the prefix cache stored / evicted / cleared since the last batch (one batch, if any)."""
+        events = self.kv_events.take()
+        if events:
+            self.kv_events_publisher.publish(KVEventBatch(time.time(), tuple(events), self.config.data_parallel_rank))
+            self.num_kv_event_batches += 1
+            self.num_kv_events += len(events)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's name: after new weights, or between benchmark runs); with
+        KV-cache events on, subscribers get ``AllBlocksCleared``. False (nothing changes) while any request
+        holds KV blocks: call it when the engine is idle."""
+        done = self.block_manager.reset_prefix_cache()
+        if self.kv_events:
+            self._publish_kv_events()
+        return done
 
     @property
     def num_steps(self) -> int:
@@ -365,9 +401,22 @@ class LLMEngine:
         self.runner.follow()
 
     def close(self) -> None:
-        """On process 0 of a multi-process engine: release the followers (no-op with one process)."""
+        """Stop publishing KV-cache events (``close_kv_events``); on process 0 of a multi-process engine, release
+        the followers (no-op with one process)."""
+        self.close_kv_events()
         if self.is_leader:
             self.runner.channel.stop()
+
+    def close_kv_events(self) -> None:
+        """Send the KV-cache event batches still queued and close the publisher's sockets (idempotent); the
+        block manager records no more events."""
+        publisher = self.kv_events_publisher
+        if publisher is None:
+            return
+        if self.kv_events:
+            self._publish_kv_events()
+        self.kv_events_publisher = self.kv_events = self.block_manager.events = None
+        publisher.close()
 
     # -------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
@@ -398,4 +447,11 @@ class LLMEngine:
             "structured_masks": self.grammar_backend.mask_time.rows if self.grammar_backend else 0,
             "speculation_arms": self.spec_controller.summary() if self.spec_controller is not None else {},
             "quantization": self.quantization,  # what was quantized, weight bytes before / after
+            "kv_events": self._kv_events_stats(),
         }
+
+    def _kv_events_stats(self) -> dict[str, Any]:
+        """KV-cache events: batches handed to the publisher, events recorded, and the publisher's own counts."""
+        publisher = self.kv_events_publisher
+        return {"enabled": publisher is not None, "batches_published": self.num_kv_event_batches,
+                "events_published": self.num_kv_events, **(publisher.stats() if publisher is not None else {})}

@@ -18,6 +18,8 @@ except through that queue, so the engine itself needs no locks.
   sequences already wait for a slot (nothing is queued).
 * A step that raises kills the engine, it does not hang it: the traceback is logged once, every in-flight
   request and every later one fails at once with ``EngineDeadError`` (vLLM's name), ``is_dead`` turns True.
+* ``await reset_prefix_cache()`` runs ``LLMEngine.reset_prefix_cache`` on the engine thread between two steps
+  and returns its bool; when the thread stops, the engine's KV-cache event publisher is closed.
 """
 
 from __future__ import annotations
@@ -80,6 +82,12 @@ class _Add:
 @dataclasses.dataclass
 class _Abort:
     request_id: str
+
+
+@dataclasses.dataclass
+class _ResetPrefixCache:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
 
 
 class AsyncLLMEngine:
@@ -198,6 +206,18 @@ class AsyncLLMEngine:
                     times.finished = time.monotonic()
                     self.observer.on_finished("abort", times)
 
+    async def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (``LLMEngine.reset_prefix_cache``, run on the engine thread): False while
+        requests hold KV blocks."""
+        if self._dead is not None:
+            raise self._dead
+        if self._stop:
+            raise EngineDeadError("the engine was shut down")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._send(_ResetPrefixCache(loop, future))
+        return await future
+
     def _observe(self, out: RequestOutput, now: float, times: RequestTimes) -> None:
         total = sum(len(c.token_ids) for c in out.outputs)
         new = total - times.num_generation_tokens
@@ -249,6 +269,10 @@ class AsyncLLMEngine:
             except BaseException as exc:  # noqa: BLE001 - any failure kills the engine, loudly
                 self._die(exc)
         self._abort_all()
+        try:
+            engine.close_kv_events()
+        except Exception:  # noqa: BLE001 - stopping anyway
+            logger.exception("closing the KV-cache event publisher failed")
 
     def _drain(self) -> None:
         while True:
@@ -263,7 +287,16 @@ class AsyncLLMEngine:
                 continue
             if self._dead is not None or self._stop:
                 err = self._dead or EngineDeadError("the engine is shutting down")
-                cmd.loop.call_soon_threadsafe(cmd.queue.put_nowait, err)
+                if isinstance(cmd, _ResetPrefixCache):
+                    _resolve(cmd.loop, cmd.future, error=err)
+                else:
+                    cmd.loop.call_soon_threadsafe(cmd.queue.put_nowait, err)
+                continue
+            if isinstance(cmd, _ResetPrefixCache):
+                try:
+                    _resolve(cmd.loop, cmd.future, result=self.engine.reset_prefix_cache())
+                except Exception as exc:  # noqa: BLE001 - delivered to the caller
+                    _resolve(cmd.loop, cmd.future, error=exc)
                 continue
             try:
                 self.engine.add_request(cmd.request_id, {"prompt_token_ids": cmd.prompt_token_ids}, cmd.params,
@@ -312,6 +345,23 @@ class AsyncLLMEngine:
             except RuntimeError:
                 pass
         self._drain()  # anything queued meanwhile fails instead of waiting forever
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any = None,
+             error: BaseException | None = None) -> None:
+    """Complete ``future`` in its own loop (from the engine thread); nothing if the caller went away."""
+    def done() -> None:
+        if future.done():  # the caller was cancelled meanwhile
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(done)
+    except RuntimeError:  # that loop is closed
+        pass
 
 
 def _put_all(items) -> None:
