@@ -215,6 +215,16 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = 
     async def version():
         return {"version": jaxinfer_version()}
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request):
+        """vLLM's route: forget every cached prefix block (KV-cache events publish AllBlocksCleared); refused
+        with a 409 while requests hold KV blocks (nothing changes then)."""
+        authorize(request)
+        if not await engine.reset_prefix_cache():
+            raise APIError(409, "the prefix cache was not reset: running requests hold KV blocks; retry when idle",
+                           code="busy")
+        return {"success": True}
+
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)

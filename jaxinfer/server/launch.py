@@ -76,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, seconds in-flight requests may take to finish")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_arguments(p)
+    from jaxinfer.server import data_parallel
+
+    data_parallel.add_arguments(p)
 
 
 def build(args: argparse.Namespace) -> tuple[Any, str]:
@@ -105,6 +108,12 @@ def build(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from jaxinfer.server import data_parallel
+
+    if data_parallel.uses_router(args):  # N replicas behind SMG (this process imports no JAX)
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return data_parallel.serve_data_parallel(parser, args)
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
