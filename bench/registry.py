@@ -20,6 +20,7 @@ EXPERIMENTS = {
     "serve-model": "bench.serve_model",
     "startup": "bench.startup",
     "host-loop": "bench.host_loop",
+    "router": "bench.router",
     "paged": "bench.paged",
     "phase1": "bench.phase1",
     "tp": "bench.tp",

@@ -67,7 +67,8 @@ class HttpRecord:
 async def _send(client, url: str, model: str, req: TimedRequest, start: float, headers: dict) -> HttpRecord:
     rec = HttpRecord(req.request_id, req.arrival_s, len(req.prompt_token_ids), req.output_len)
     await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
-    body = {"model": model, "prompt": list(req.prompt_token_ids), "max_tokens": req.output_len,
+    prompt = req.prompt_text if req.prompt_text is not None else list(req.prompt_token_ids)
+    body = {"model": model, "prompt": prompt, "max_tokens": req.output_len,
             "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     try:
         async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as resp:
@@ -85,6 +86,7 @@ async def _send(client, url: str, model: str, req: TimedRequest, start: float, h
                     rec.chunk_times.append(now)
                 if chunk.get("usage"):
                     rec.output_len = chunk["usage"]["completion_tokens"]
+                    rec.input_len = chunk["usage"].get("prompt_tokens") or rec.input_len
                 if "error" in chunk:
                     rec.error = chunk["error"].get("message", "error")
         rec.finish_s = time.perf_counter() - start

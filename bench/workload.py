@@ -27,6 +27,7 @@ class TimedRequest:
     arrival_s: float  # seconds after the start of the run
     prompt_token_ids: tuple[int, ...]
     output_len: int
+    prompt_text: str | None = None  # sent instead of the token ids when set (their count is then the server's)
 
 
 @dataclasses.dataclass(frozen=True)
