@@ -19,12 +19,12 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 class Subscriber:
-    def __init__(self, topic: bytes = b""):
+    def __init__(self, topic: bytes = b"", port: int = 0):
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, topic)
         self._monitor = self.sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        self.sub.bind("tcp://127.0.0.1:0")
+        self.sub.bind(f"tcp://127.0.0.1:{port}")  # 0: a free port
         self.endpoint = self.sub.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def wait_connected(self, timeout: float = 30.0) -> None:

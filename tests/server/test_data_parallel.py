@@ -1,11 +1,13 @@
 """``jaxinfer serve --data-parallel-size 2``: two replicas (one core each) behind a real SMG router on loopback.
 One launcher for the module: requests sharing a prefix land on one replica, SMG reads the replicas' load from
-their ``vllm:`` gauges, a replica killed mid-run costs no request that was not on it and comes back, no KV block
+their ``vllm:`` gauges, each replica's KV-cache events (on the configured port plus its rank) hold the blocks
+of the tenants routed to it and none of the others', a replica killed mid-run costs no request that was not on it and comes back, no KV block
 leaks on the survivor, and SIGTERM drains everything with exit status 0 (the last test)."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import re
 import signal
@@ -18,7 +20,10 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
+from jaxinfer.core.block_manager import chain_hash  # noqa: E402
 from jaxinfer.server import data_parallel as dp  # noqa: E402
+
+kv = pytest.importorskip("tests.kv_events_client")
 
 if not (Path(sys.executable).parent / "smg").exists():
     pytest.skip("SMG (PyPI smg, in the test extra) is not installed", allow_module_level=True)
@@ -30,13 +35,27 @@ ENGINE = ["--max-num-seqs", "4", "--max-num-batched-tokens", "512", "--max-model
 DOCS = [Path(os.__file__).parent / name for name in ("textwrap.py", "csv.py", "heapq.py")]
 
 
+def _subscribers() -> list:
+    """SUB sockets on two consecutive free loopback ports: replica r's publisher connects to the base + r."""
+    for _ in range(20):
+        first = kv.Subscriber(b"kv-events")
+        try:
+            return [first, kv.Subscriber(b"kv-events", port=int(first.endpoint.rsplit(":", 1)[1]) + 1)]
+        except kv.zmq.ZMQError:  # the next port is taken: try another pair
+            first.close()
+    raise RuntimeError("no two consecutive free ports")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     port = dp.free_ports(1)[0]
+    subs = _subscribers()
+    events = {"enable_kv_cache_events": True, "endpoint": subs[0].endpoint, "topic": "kv-events"}
     log_path = tmp_path_factory.mktemp("dp") / "launcher.log"
     log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "jaxinfer.cli", "serve", "--data-parallel-size", "2",
-                             "--port", str(port), "--router-args", "--load-monitor-interval 1", *ENGINE],
+                             "--port", str(port), "--router-args", "--load-monitor-interval 1",
+                             "--kv-events-config", json.dumps(events), *ENGINE],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
@@ -45,11 +64,16 @@ def cluster(tmp_path_factory):
         assert time.monotonic() < deadline, "the launcher did not become ready"
         time.sleep(0.5)
     replicas = dict(re.findall(r"replica (\d) \(pid \d+\): (http://127\.0\.0\.1:\d+)", log_path.read_text()))
-    yield {"proc": proc, "url": url, "log": log_path, "replicas": [replicas["0"], replicas["1"]]}
+    for sub in subs:
+        sub.wait_connected()
+    yield {"proc": proc, "url": url, "log": log_path, "replicas": [replicas["0"], replicas["1"]], "subs": subs,
+           "tenants": {}}
     if proc.poll() is None:
         proc.kill()
         proc.wait(60)
     log.close()
+    for sub in subs:
+        sub.close()
 
 
 def _served(replica: str) -> float:
@@ -80,6 +104,33 @@ def test_each_tenant_lands_on_one_replica(cluster):
             after = [_served(r) for r in replicas]
             where.append([b - a for a, b in zip(before, after)].index(1.0))
         assert len(set(where)) == 1, f"tenant {k} was served by replicas {where}"
+        cluster["tenants"][text] = where[0]
+
+
+def _prefix_hashes(replica: str, text: str, block_size: int = 16) -> list[bytes]:
+    """The chain hashes of the full blocks of ``text``'s tokens, as the replica's prefix cache names them."""
+    ids = httpx.post(replica + "/tokenize", json={"model": "jaxinfer-default", "prompt": text}, timeout=10).json()
+    ids = ids["tokens"]
+    hashes, parent = [], None
+    for i in range(len(ids) // block_size):
+        parent = chain_hash(parent, ids[i * block_size : (i + 1) * block_size], None)
+        hashes.append(parent)
+    return hashes
+
+
+def test_each_replica_publishes_the_blocks_of_its_own_tenants(cluster):
+    assert cluster["tenants"], "needs the routing test's tenants"
+    streams = [sub.drain(idle=1.0) for sub in cluster["subs"]]
+    cached = []
+    for rank, stream in enumerate(streams):
+        assert stream and [seq for _, seq, _ in stream] == list(range(len(stream)))  # from 0, nothing lost
+        assert {kv.decode(p)[2] for _, _, p in stream} == {rank}  # stamped with the replica's rank
+        cached.append(kv.rebuild(p for _, _, p in stream))
+    for text, rank in cluster["tenants"].items():
+        shared = _prefix_hashes(cluster["replicas"][rank], text)[:-1]  # the last block may hold the question
+        assert len(shared) >= 8
+        assert set(shared) <= cached[rank], f"replica {rank} served a tenant but did not publish its blocks"
+        assert not set(shared) & cached[1 - rank], "the other replica published a tenant it never served"
 
 
 def test_router_reads_the_replicas_load_from_their_vllm_gauges(cluster):
