@@ -1,8 +1,9 @@
 """``jaxinfer serve --data-parallel-size 2``: two replicas (one core each) behind a real SMG router on loopback.
 One launcher for the module: requests sharing a prefix land on one replica, SMG reads the replicas' load from
-their ``vllm:`` gauges, each replica's KV-cache events (on the configured port plus its rank) hold the blocks
-of the tenants routed to it and none of the others', a replica killed mid-run costs no request that was not on it and comes back, no KV block
-leaks on the survivor, and SIGTERM drains everything with exit status 0 (the last test)."""
+their ``vllm:`` gauges, each replica's KV-cache events (on the configured port plus its rank) hold the blocks of
+the tenants routed to it and none of the other's, a replica killed mid-run costs no request that was not on it
+and comes back, no KV block leaks on the survivor, and SIGTERM drains everything with exit status 0 (the last
+test)."""
 
 from __future__ import annotations
 
@@ -123,7 +124,8 @@ def test_each_replica_publishes_the_blocks_of_its_own_tenants(cluster):
     streams = [sub.drain(idle=1.0) for sub in cluster["subs"]]
     cached = []
     for rank, stream in enumerate(streams):
-        assert stream and [seq for _, seq, _ in stream] == list(range(len(stream)))  # from 0, nothing lost
+        assert stream or rank not in cluster["tenants"].values(), f"replica {rank} served tenants, sent no event"
+        assert [seq for _, seq, _ in stream] == list(range(len(stream)))  # from 0, nothing lost
         assert {kv.decode(p)[2] for _, _, p in stream} == {rank}  # stamped with the replica's rank
         cached.append(kv.rebuild(p for _, _, p in stream))
     for text, rank in cluster["tenants"].items():
