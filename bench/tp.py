@@ -61,7 +61,8 @@ def decode_step(plan, batch_size: int, context: int, dtype):
     batch = abstract_batch(shape, bucket(blocks), sharding=plan.batch_sharding)
     attn = get_attention_fn(hardware.pure_layer_attention_backend(), query_width=1,
                             sliding_window=plan.cfg.sliding_window)
-    step = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn()),
+    step = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn(),
+                                            gather_logits=plan.gather_logits),
                    out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
     cache = plan.abstract_kv_cache(1 + bucket(batch_size) * bucket(blocks), BLOCK_SIZE, dtype)
     return step, (plan.abstract_params(dtype), cache, batch)

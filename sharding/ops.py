@@ -20,7 +20,7 @@ import functools
 from collections.abc import Callable, Mapping
 
 import jax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sharding.mesh import ALL_DEVICES, EXPERT
 from sharding.rules import HEADS_ACTIVATION_AXES, KV_CACHE_AXES, partition_spec
@@ -38,6 +38,14 @@ def shard_attention(attn_fn, mesh: Mesh):
         return local(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens)
 
     return sharded
+
+
+def replicate(mesh: Mesh):
+    """``fn(x)``: ``x`` constrained to be whole on every device (the sampled rows' logits, gathered from the
+    vocab-parallel LM head before the model drops a padded vocabulary's columns: one all-gather, where slicing
+    the sharded logits would first shuffle them between devices)."""
+    whole = NamedSharding(mesh, PartitionSpec())
+    return lambda x: jax.lax.with_sharding_constraint(x, whole)
 
 
 def shard_moe(block_fn: Callable, mesh: Mesh, param_axes: Mapping[str, tuple], experts_per_device: int):

@@ -75,6 +75,12 @@ ARCHS = {
 # and 2 KV heads, for tensor parallelism over 8 devices.
 EXTRA_ARCHS = {
     "llama_8heads": ("LlamaConfig", dict(TINY, num_attention_heads=8, num_key_value_heads=2)),
+    # vocabularies that tensor parallelism must pad to split (odd, prime, Llama-2 + one added token)
+    "llama_vocab333": ("LlamaConfig", dict(TINY, vocab_size=333, num_attention_heads=4, num_key_value_heads=2)),
+    "qwen2_vocab389_tied": ("Qwen2Config", dict(TINY, vocab_size=389, num_attention_heads=4, num_key_value_heads=2,
+                                                tie_word_embeddings=True)),
+    "llama_vocab32001_mqa": ("LlamaConfig", dict(TINY, vocab_size=32001, num_attention_heads=4,
+                                                 num_key_value_heads=1)),
 }
 
 

@@ -69,6 +69,9 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # each expert's FFN width
     norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert behind a sigmoid gate; 0 = none
+    # Rows appended to the embedding and LM head so that a vocabulary-parallel split is even (set by the
+    # sharding plan, never read from a checkpoint): their logits are dropped before anything samples them.
+    vocab_padding: int = 0
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -87,6 +90,11 @@ class ModelConfig:
                 raise ValueError(f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}")
         elif self.num_experts_per_tok or self.shared_expert_intermediate_size:
             raise ValueError("num_experts_per_tok / shared_expert_intermediate_size need num_experts > 0")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding table and columns of the LM head (``vocab_size`` unless padded for TP)."""
+        return self.vocab_size + self.vocab_padding
 
     @property
     def is_moe(self) -> bool:

@@ -74,11 +74,14 @@ def mlp_block(lp, x):
     return linear(jax.nn.silu(linear(x, lp["w_gate"])) * linear(x, lp["w_up"]), lp["w_down"])
 
 
-def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_fn, moe_fn=moe_block):
+def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_fn, moe_fn=moe_block,
+            gather_logits=None):
     """One ragged step. Returns (logits [L, V] float32, new kv_cache).
 
     ``moe_fn(lp, x, valid, cfg) -> [T, H]`` computes an MoE layer's MLP (``valid``: the real, non-padding
-    tokens); unused by dense models."""
+    tokens); unused by dense models. ``gather_logits(logits) -> logits``: where the vocabulary is padded
+    (``cfg.vocab_padding``), applied before the padding's columns are dropped (the sharded model's
+    ``ShardingPlan.gather_logits``: gather the vocab-parallel logits first, then slice locally)."""
     with jax.named_scope("embed"):
         x = params["embed"][batch.token_ids]
     cos, sin = rope_cos_sin(cfg, batch.positions)
@@ -98,4 +101,8 @@ def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_
             logits = linear(x, params["lm_head"], out_dtype=jnp.float32)
         else:  # tied: the embedding table transposed
             logits = jnp.dot(x, params["embed"].T, preferred_element_type=jnp.float32)
+        if cfg.vocab_padding:  # the rows a vocabulary-parallel split padded on: never sampled, never seen
+            if gather_logits is not None:
+                logits = gather_logits(logits)
+            logits = logits[:, :cfg.vocab_size]
     return logits, new_cache

@@ -10,7 +10,7 @@ The engine's side of tensor / expert parallelism: it knows the model config, the
     params = plan.place_params(params)                                      # KV heads replicated if tp > kv heads
     kv_cache = plan.allocate_kv_cache(num_blocks, block_size, dtype)
     step = jax.jit(lambda p, c, b: model.forward(p, c, b, plan.cfg, plan.shard_attention(attn_fn),
-                                                 moe_fn=plan.moe_fn()),
+                                                 moe_fn=plan.moe_fn(), gather_logits=plan.gather_logits),
                    in_shardings=(plan.param_shardings(), plan.kv_cache_sharding, plan.batch_sharding),
                    out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
 
@@ -19,7 +19,10 @@ allocated) and fixes the one way the sharded model differs from the checkpoint: 
 size exceeds the number of KV heads, each KV head is replicated so that every device holds the head its
 query heads read (``plan.cfg.num_kv_heads == tp``; the model is mathematically the same, since GQA over
 repeated KV heads is GQA over the originals). The k/v projections (and biases) are expanded the same way
-by ``place_params``, so they stay column-parallel: each device computes just its own KV head.
+by ``place_params``, so they stay column-parallel: each device computes just its own KV head. A
+vocabulary the split does not divide is padded (``vocab_padding``: zero rows in the embedding and LM head,
+quantized or not; ``plan.cfg.vocab_padding``), and ``model.forward`` drops the padding's logits after
+gathering them (``gather_logits``), so nothing downstream sees it.
 
 From the plan come the shardings of the params (the weights declaration's logical axes through
 ``sharding.rules.LOGICAL_AXIS_RULES``), of the KV cache (split by KV head: every device holds every block for
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -64,7 +68,7 @@ def validate(cfg: ModelConfig, tensor_parallel_size: int, expert_parallel_size: 
             f"expert parallelism (expert_parallel_size={ep}) needs a mixture-of-experts model; "
             f"this {cfg.architecture} model is dense: turn expert parallelism off"
         )
-    dims = [("vocab_size", cfg.vocab_size, "vocab")]
+    dims = []  # the vocabulary is padded to an even split (``vocab_padding``), never refused
     if cfg.is_moe:
         dims.append(("num_experts", cfg.num_experts, "experts"))
         dims.append(("moe_intermediate_size", cfg.moe_intermediate_size, "expert_mlp"))
@@ -80,6 +84,18 @@ def _is_spec(x) -> bool:
     return isinstance(x, weights.ParamSpec)
 
 
+VOCAB_PAD_MULTIPLE = 64  # a padded vocabulary is a multiple of this (and of the split), as vLLM pads it
+
+
+def vocab_padding(vocab_size: int, shards: int) -> int:
+    """Rows to append to a vocabulary of ``vocab_size`` split ``shards`` ways: 0 when the split is even,
+    else up to the next multiple of lcm(64, shards)."""
+    if vocab_size % shards == 0:
+        return 0
+    multiple = math.lcm(VOCAB_PAD_MULTIPLE, shards)
+    return -vocab_size % multiple
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardingPlan:
     mesh: Mesh
@@ -90,7 +106,8 @@ class ShardingPlan:
     def create(cls, cfg: ModelConfig, mesh: Mesh) -> "ShardingPlan":
         tp, ep = mesh.size, mesh.shape[EXPERT]
         validate(cfg, tp, ep)
-        run_cfg = dataclasses.replace(cfg, num_kv_heads=rules.kv_heads_on_devices(cfg.num_kv_heads, tp))
+        run_cfg = dataclasses.replace(cfg, num_kv_heads=rules.kv_heads_on_devices(cfg.num_kv_heads, tp),
+                                      vocab_padding=vocab_padding(cfg.vocab_size, rules.shards("vocab", tp, ep)))
         return cls(mesh, cfg, run_cfg)
 
     @property
@@ -125,6 +142,8 @@ class ShardingPlan:
             axes = spec.logical_axes
             if self.kv_head_repeats > 1:
                 axes = tuple(None if a == "kv_heads" else a for a in axes)
+            if self.cfg.vocab_padding:  # an uneven split cannot be placed: whole until padded
+                axes = tuple(None if a == "vocab" else a for a in axes)
             return self.named(axes)
 
         return jax.tree.map(one, weights.param_specs(self.source_cfg), is_leaf=_is_spec)
@@ -143,7 +162,9 @@ class ShardingPlan:
                 placed.append(self._place_quantized(spec, leaf))
                 continue
             sharding = self.named(spec.logical_axes)
-            if "kv_heads" in spec.logical_axes and self.kv_head_repeats > 1:
+            if "vocab" in spec.logical_axes and self.cfg.vocab_padding:
+                placed.append(_pad_axis_fn(spec.logical_axes.index("vocab"), self.cfg.vocab_padding, sharding)(leaf))
+            elif "kv_heads" in spec.logical_axes and self.kv_head_repeats > 1:
                 placed.append(_repeat_heads_fn(spec.logical_axes.index("kv_heads"), self.source_cfg.head_dim,
                                                self.kv_head_repeats, sharding)(leaf))
             else:
@@ -164,6 +185,8 @@ class ShardingPlan:
         return rules.tree_shardings(self.mesh, axes)
 
     def _place_quantized(self, spec: weights.ParamSpec, qw: QuantizedWeight) -> QuantizedWeight:
+        if "vocab" in spec.logical_axes and self.cfg.vocab_padding:
+            qw = self._pad_quantized_vocab(spec, qw)
         shardings = self.quantized_shardings(spec, qw)
         if "kv_heads" in spec.logical_axes and self.kv_head_repeats > 1:
             if qw.method == "fp8_block":
@@ -175,6 +198,19 @@ class ShardingPlan:
                                        input_scale=None if qw.input_scale is None else
                                        jax.device_put(qw.input_scale, shardings.input_scale))
         return jax.device_put(qw, shardings)
+
+    def _pad_quantized_vocab(self, spec: weights.ParamSpec, qw: QuantizedWeight) -> QuantizedWeight:
+        """A quantized LM head with the padded vocabulary's output channels: zero weights, scale 1 (their
+        logits are 0 and dropped by the model)."""
+        if qw.method == "fp8_block":
+            raise NotImplementedError(
+                f"{spec.hf_name}: a block-quantized LM head cannot be padded to split vocab_size="
+                f"{self.cfg.vocab_size} {self.tensor_parallel_size} ways; leave the LM head unquantized or use "
+                "a tensor_parallel_size that divides the vocabulary")
+        pad = self.cfg.vocab_padding
+        qweight = jnp.pad(qw.qweight, ((0, pad), (0, 0)))  # [N, K] = [vocab, hidden]
+        scale = jnp.pad(qw.scale, (0, pad), constant_values=1.0)
+        return dataclasses.replace(qw, qweight=qweight, scale=scale)
 
     def abstract_params(self, dtype=jnp.float32) -> Any:
         """The sharded params as ``ShapeDtypeStruct``s with shardings (ahead-of-time compilation)."""
@@ -220,6 +256,11 @@ class ShardingPlan:
         return self.replicated
 
     # ------------------------------------------------------------- the model
+    @property
+    def gather_logits(self):
+        """``model.forward``'s ``gather_logits``: the logits made whole before a padded vocabulary is dropped."""
+        return ops.replicate(self.mesh)
+
     def shard_attention(self, attn_fn):
         return ops.shard_attention(attn_fn, self.mesh)
 
@@ -241,6 +282,17 @@ class ShardingPlan:
             return sharded(lp, x, valid)
 
         return moe_fn
+
+
+@functools.lru_cache(maxsize=None)
+def _pad_axis_fn(axis: int, pad: int, sharding):
+    """Jitted: append ``pad`` zero entries along ``axis`` (the padded vocabulary), placed with ``sharding``."""
+    def pad_fn(x):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, pad)
+        return jnp.pad(x, widths)
+
+    return jax.jit(pad_fn, out_shardings=sharding)
 
 
 @functools.lru_cache(maxsize=None)

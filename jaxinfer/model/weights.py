@@ -38,7 +38,8 @@ An MoE layer (``cfg.num_experts > 0``) has, instead of w_gate / w_up / w_down::
     layers[i].shared_w_down    [Fs, H]       (mlp, embed)            ...mlp.shared_expert.down_proj.weight (T) -- Qwen2-MoE
     layers[i].shared_gate      [H, 1]        (embed, None)           ...mlp.shared_expert_gate.weight (T)      -- Qwen2-MoE
 
-V vocab, H hidden, F intermediate, Hq / Hkv query / key-value heads, D head_dim, E experts, Fe / Fs the
+V vocab (``cfg.padded_vocab_size``: with the rows a tensor-parallel split pads on), H hidden, F
+intermediate, Hq / Hkv query / key-value heads, D head_dim, E experts, Fe / Fs the
 routed / shared experts' widths. ``q_heads`` and ``kv_heads`` name a flattened ``heads * head_dim`` axis
 (sharding it splits whole heads when the mesh axis divides the head count); ``None`` names a dimension that
 is never sharded (the router's expert axis: every device routes every token). A tied checkpoint uses
@@ -149,7 +150,7 @@ def _layer_specs(cfg: ModelConfig, i: int) -> dict[str, ParamSpec]:
 
 def param_specs(cfg: ModelConfig) -> dict[str, Any]:
     """The params pytree of ``cfg`` with a ``ParamSpec`` at every leaf (see the module docstring)."""
-    v, h = cfg.vocab_size, cfg.hidden_size
+    v, h = cfg.padded_vocab_size, cfg.hidden_size
     specs: dict[str, Any] = {
         "embed": ParamSpec((v, h), ("vocab", "embed"), "model.embed_tokens.weight", transpose=False),
     }

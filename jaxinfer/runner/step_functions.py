@@ -72,7 +72,8 @@ def _step_body(cfg: ModelConfig, attention_backend: str, interpret: bool | None,
                                    interpret=interpret)
         if sharding_plan is not None:
             attn_fn = sharding_plan.shard_attention(attn_fn)
-        return forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=moe_fn)
+        gather = sharding_plan.gather_logits if sharding_plan is not None else None
+        return forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=moe_fn, gather_logits=gather)
 
     return step
 

@@ -86,7 +86,7 @@ MOE = dict(architecture="mixtral", num_experts=8, num_experts_per_tok=2, moe_int
     (_tiny(), 4, 3, "expert_parallel_size=3 must divide tensor_parallel_size=4"),
     (_tiny(), 0, 1, "tensor_parallel_size must be a positive int"),
     (_tiny(), 2.0, 1, "tensor_parallel_size must be a positive int"),
-    (_tiny(vocab_size=255), 2, 1, "vocab_size=255 cannot be split 2 ways"),
+    (_tiny(vocab_size=255), 2, 1, None),  # padded to 256 (test_odd_vocabulary_is_padded_not_refused)
     (_tiny(intermediate_size=130), 4, 1, "intermediate_size=130 cannot be split 4 ways"),
     (_tiny(**MOE), 4, 4, None),
     (_tiny(**dict(MOE, num_experts=6)), 4, 4, "num_experts=6 cannot be split 4 ways"),
@@ -185,3 +185,22 @@ def test_sharded_step_cross_lowers_for_cuda(arch, tp, ep, impl, hf_checkpoints):
     # per layer: attention under shard_map, and for an MoE model the MoE block (its psum an explicit all_reduce)
     assert text.count("sdy.manual_computation") == cfg.num_layers * (2 if cfg.is_moe else 1)
     assert text.count("all_reduce") == (cfg.num_layers if cfg.is_moe else 0)
+
+
+@pytest.mark.parametrize("vocab, shards, padding", [
+    (256, 2, 0), (255, 2, 1), (333, 2, 51), (333, 4, 51), (389, 8, 59), (32001, 2, 63), (32000, 8, 0),
+    (151936, 8, 0), (50257, 4, 47), (65, 128, 63),  # 128 devices: padded to a multiple of 128, not of 64
+])
+def test_odd_vocabulary_is_padded_not_refused(vocab, shards, padding):
+    from jax.sharding import AbstractMesh, AxisType
+
+    from jaxinfer.model.sharding_plan import vocab_padding
+
+    assert vocab_padding(vocab, shards) == padding
+    assert (vocab + padding) % shards == 0
+    if shards <= 8:
+        mesh = AbstractMesh((1, shards), ("expert", "tensor"), axis_types=(AxisType.Auto, AxisType.Auto))
+        plan = ShardingPlan.create(_tiny(vocab_size=vocab, num_heads=8, num_kv_heads=8), mesh)
+        assert plan.cfg.vocab_padding == padding and plan.cfg.vocab_size == vocab  # what the user sees: unchanged
+        assert plan.source_cfg.vocab_padding == 0
+        assert plan.abstract_params()["embed"].shape == (vocab + padding, 64)

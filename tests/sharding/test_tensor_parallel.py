@@ -43,6 +43,14 @@ CASES = {
     "qwen2_moe-ep4": ("qwen2_moe", 4, 4, "xla"),
     "qwen3_moe-ep8": ("qwen3_moe", 8, 8, "xla"),  # MQA: the one KV head on all 8 devices; 2 experts each
     "qwen3_moe-tp2": ("qwen3_moe", 2, 1, "xla"),
+    # vocabularies the split does not divide: embedding and LM head padded per the plan, padding never seen
+    "llama_vocab333-tp2": ("llama_vocab333", 2, 1, "xla"),
+    "llama_vocab333-tp4": ("llama_vocab333", 4, 1, "xla"),
+    "llama_vocab333-tp2-int8-head": ("llama_vocab333", 2, 1, "xla", "int8"),  # quantized LM head padded too
+    "qwen2_vocab389_tied-tp2": ("qwen2_vocab389_tied", 2, 1, "xla"),  # tied: the padded embedding is the head
+    "qwen2_vocab389_tied-tp4": ("qwen2_vocab389_tied", 4, 1, "xla"),
+    "llama_vocab32001_mqa-tp2": ("llama_vocab32001_mqa", 2, 1, "xla"),
+    "llama_vocab32001_mqa-tp4": ("llama_vocab32001_mqa", 4, 1, "xla"),
 }
 BIG = ("qwen2.5-7b", 4)  # preset lowered abstractly (nothing materialised) with a 4-device mesh
 PROMPT_LENGTHS = (23, 40, 5)
@@ -70,6 +78,7 @@ def _worker(spec_path: str, out_dir: str) -> None:
     from jaxinfer.model.decoder import forward
     from jaxinfer.model.kv_cache import allocate_kv_cache
     from jaxinfer.model.sharding_plan import ShardingPlan
+    from jaxinfer.quantization.quantized_weight import quantize_params
     from jaxinfer.runner.batch_packing import WorkItem, pack
     from jaxinfer.runner.shape_plan import ShapePlan, StepShape
 
@@ -84,8 +93,10 @@ def _worker(spec_path: str, out_dir: str) -> None:
         if plan is None:
             fn = jax.jit(lambda p, c, b: forward(p, c, b, cfg, attn), donate_argnums=1)
         else:
-            fn = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn()),
-                         in_shardings=(plan.param_shardings(), plan.kv_cache_sharding, plan.batch_sharding),
+            fn = jax.jit(lambda p, c, b: forward(p, c, b, plan.cfg, plan.shard_attention(attn), moe_fn=plan.moe_fn(),
+                                                 gather_logits=plan.gather_logits),
+                         in_shardings=(jax.tree.map(lambda a: a.sharding, args[0]), plan.kv_cache_sharding,
+                                       plan.batch_sharding),  # as placed (quantized leaves have their own)
                          out_shardings=(plan.logits_sharding, plan.kv_cache_sharding), donate_argnums=1)
         return fn.lower(*args).compile()
 
@@ -114,26 +125,33 @@ def _worker(spec_path: str, out_dir: str) -> None:
                 t.append(int(np.argmax(logits[row])))
         return logits_out, [t[len(p):] for t, p in zip(tokens, prompts)], executables[shape].as_text()
 
+    def load(path, cfg, quant, shardings=None):
+        params = load_hf_params(path, cfg, jnp.float32, shardings=shardings)
+        return params if quant is None else quantize_params(params, quant, include_lm_head=True)
+
     references = {}
     for name in spec["cases"]:
-        arch, tp, ep, backend = CASES[name]
+        arch, tp, ep, backend, *quant = CASES[name]
+        quant = quant[0] if quant else None
         path = spec["checkpoints"][arch]
         cfg = ModelConfig.from_pretrained(path)
-        if arch not in references:  # one device, XLA attention
+        if (arch, quant) not in references:  # one device, XLA attention
             cache = allocate_kv_cache(cfg, NUM_BLOCKS, BLOCK_SIZE, jnp.float32)
-            references[arch] = run(cfg, load_hf_params(path, cfg, jnp.float32), cache, "xla")
+            references[arch, quant] = run(cfg, load(path, cfg, quant), cache, "xla")
         plan = ShardingPlan.create(cfg, sharding.make_mesh(tp, ep))
-        params = plan.place_params(load_hf_params(path, cfg, jnp.float32, shardings=plan.load_shardings()))
+        params = plan.place_params(load(path, cfg, quant, plan.load_shardings()))
         shard_shapes = {str(s.sharding.shard_shape(s.shape)) for s in jax.tree.leaves(params["layers"][0])}
         logits, tokens, hlo = run(cfg, params, plan.allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE, jnp.float32),
                                   backend, plan)
-        ref_logits, ref_tokens, _ = references[arch]
+        ref_logits, ref_tokens, _ = references[arch, quant]
         for i, (got, want) in enumerate(zip(logits, ref_logits)):
             arrays[f"{name}/logits{i}"], arrays[f"{name}/ref_logits{i}"] = got, want
         report["cases"][name] = {
             "tokens": tokens, "ref_tokens": ref_tokens, "collectives": sharding.collectives_by_scope(hlo),
             "num_layers": cfg.num_layers, "kv_heads_on_devices": plan.cfg.num_kv_heads,
-            "layer0_shard_shapes": sorted(shard_shapes),
+            "layer0_shard_shapes": sorted(shard_shapes), "vocab_padding": plan.cfg.vocab_padding,
+            "head_shard_shape": list(jax.tree.leaves(params.get("lm_head", params["embed"]))[0].sharding.shard_shape(
+                jax.tree.leaves(params.get("lm_head", params["embed"]))[0].shape)),
         }
 
     from jaxinfer.config.presets import preset_config
@@ -211,7 +229,7 @@ def test_sharded_logits_equal_unsharded(case, sharded):
     assert r["tokens"] == r["ref_tokens"]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(c for c in CASES if len(CASES[c]) == 4))  # HF has no int8 LM head
 def test_sharded_model_matches_hf(case, sharded, hf_reference):
     report, arrays = sharded
     arch = CASES[case][0]
@@ -268,6 +286,20 @@ def test_kv_heads_replicated_when_fewer_than_devices(sharded):
     # each device holds one KV head's projection: [hidden, head_dim] (and 2 of 8 query heads: [64, 16])
     assert "(64, 8)" in cases["llama_8heads-tp8"]["layer0_shard_shapes"]
     assert "(64, 16)" in cases["llama_gqa-tp4"]["layer0_shard_shapes"]
+
+
+def test_odd_vocabularies_are_padded_to_an_even_split(sharded):
+    """333 and 389 at TP 2 and 4 and 32001 at TP 2 and 4: padded to the next multiple of 64, each device holding an
+    equal share of the embedding / LM head rows (the logits equal the one-device model's, above: the padding
+    is never seen); 256 divides evenly and is not padded."""
+    cases = sharded[0]["cases"]
+    expected = {"llama_vocab333-tp2": (51, [64, 192]), "llama_vocab333-tp4": (51, [64, 96]),
+                "llama_vocab333-tp2-int8-head": (51, [192, 64]),  # qweight [vocab, hidden]
+                "qwen2_vocab389_tied-tp2": (59, [224, 64]), "qwen2_vocab389_tied-tp4": (59, [112, 64]),
+                "llama_vocab32001_mqa-tp2": (63, [64, 16032]), "llama_vocab32001_mqa-tp4": (63, [64, 8016])}
+    for case, (padding, shard) in expected.items():
+        assert (cases[case]["vocab_padding"], cases[case]["head_shard_shape"]) == (padding, shard), case
+    assert cases["llama_gqa-tp4"]["vocab_padding"] == 0
 
 
 def test_experts_are_split_over_devices(sharded):

@@ -29,7 +29,9 @@ CASES = {
     "llama_mqa_tied-tp4": ("llama_mqa_tied", 4, False, None),  # one KV head, replicated on the 4 devices
     "qwen3_head_dim-tp2": ("qwen3_head_dim", 2, False, None),
     "mixtral-ep2": ("mixtral", 2, True, None),  # experts over 2 devices, attention tensor-parallel
+    "qwen2_vocab389_tied-tp2-ngram": ("qwen2_vocab389_tied", 2, False, NGRAM),  # the vocabulary padded to 448
 }
+EXTRA = ("qwen2_vocab389_tied",)  # checkpoints of hf_oracle.EXTRA_ARCHS the cases use
 BAD = {  # (checkpoint, tensor_parallel_size, enable_expert_parallel) -> message
     "heads": (("llama_gqa", 8, False), "not divisible by tensor_parallel_size=8"),
     "devices": (("llama_gqa", 16, False), "needs 16 devices"),
@@ -70,8 +72,19 @@ _WORKER = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def sharded_runs(hf_checkpoints):
-    paths = {name: str(p) for name, p in hf_checkpoints.items()}
+def checkpoints(hf_checkpoints, tmp_path_factory):
+    extra = tmp_path_factory.mktemp("tp_engine_ckpts")
+    return {**hf_checkpoints, **{n: hf_oracle.build_checkpoint(n, extra) for n in EXTRA}}
+
+
+@pytest.fixture(scope="module")
+def models(checkpoints, hf_models):
+    return {**hf_models, **{n: hf_oracle.load_hf(checkpoints[n]) for n in EXTRA}}
+
+
+@pytest.fixture(scope="module")
+def sharded_runs(checkpoints):
+    paths = {name: str(p) for name, p in checkpoints.items()}
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(paths)], capture_output=True, text=True,
                           env=env, timeout=1500, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -80,17 +93,17 @@ def sharded_runs(hf_checkpoints):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_sharded_engine_equals_one_device_and_hf(name, sharded_runs, hf_checkpoints, hf_models):
+def test_sharded_engine_equals_one_device_and_hf(name, sharded_runs, checkpoints, models):
     arch, tp, ep, spec = CASES[name]
     got = sharded_runs["cases"][name]
-    llm = LLM(model=str(hf_checkpoints[arch]), compilation="lazy", **ENGINE)
+    llm = LLM(model=str(checkpoints[arch]), compilation="lazy", **ENGINE)
     ref = llm.generate(_prompts(), SamplingParams(**PARAMS), use_tqdm=False)
     assert got["tokens"] == [o.outputs[0].token_ids for o in ref]
     np.testing.assert_allclose(np.concatenate(got["logprobs"]),
                                np.concatenate([[max(lp.values()) for lp in o.outputs[0].logprobs] for o in ref]),
                                atol=1e-4)
     for prompt, tokens in zip(_prompts()[2:], got["tokens"][2:]):
-        hf_tokens, _ = hf_oracle.hf_greedy(hf_models[arch], prompt["prompt_token_ids"], PARAMS["max_tokens"])
+        hf_tokens, _ = hf_oracle.hf_greedy(models[arch], prompt["prompt_token_ids"], PARAMS["max_tokens"])
         assert tokens == hf_tokens
     assert got["hits"] >= 16  # the shared prefix's full block hit the cache in the sharded engine too
     if spec is not None:
