@@ -89,7 +89,13 @@ class LLMEngine:
         self.quantization = quant_setup.describe(model.params, cfg, self.dtype, quant, checkpoint_kind)
         if quant.active or checkpoint_kind != "dense":
             logger.info(quant_setup.summary_line(self.quantization))
-        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        self.max_model_len = config.max_model_len or cfg.max_supported_model_len
+        if self.max_model_len > cfg.max_supported_model_len and cfg.rope_scaling is not None \
+                and cfg.rope_scaling.rope_type == "longrope":
+            raise NotImplementedError(
+                f"max_model_len={self.max_model_len}: longrope's long factors (contexts past "
+                f"original_max_position_embeddings={cfg.rope_scaling.original_max_position_embeddings}) are not "
+                f"implemented; use max_model_len <= {cfg.max_supported_model_len}")
         if self.max_model_len > cfg.max_position_embeddings and cfg.rope_scaling is None:
             raise ValueError(
                 f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings "

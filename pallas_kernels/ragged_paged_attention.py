@@ -103,6 +103,7 @@ class _KernelConfig:
     num_kv_splits: int
     sm_scale: float
     sliding_window: int | None
+    soft_cap: float | None  # Gemma 2's cap * tanh(score / cap) on the scaled scores; None: off
     precise_dots: bool  # float32 inputs: IEEE dots, not TF32
     fp8_cache: bool = False  # K/V stored float8_e4m3fn (their per-layer scales are folded in by the caller)
 
@@ -203,6 +204,8 @@ def _attention_kernel(work_ref, cu_q_lens_ref, kv_lens_ref, block_tables_ref, q_
                 k, v = k.astype(q.dtype), v.astype(q.dtype)
             scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                                          preferred_element_type=jnp.float32) * cfg.sm_scale
+            if cfg.soft_cap is not None:
+                scores = cfg.soft_cap * jnp.tanh(scores / cfg.soft_cap)
             # Causality (and the window) imply keys_start <= key < keys_end. Rows that are not
             # stored (padding tokens / heads) need no mask: their scores are finite anyway.
             visible = key[None, :] <= position
@@ -325,7 +328,7 @@ def default_num_kv_splits(num_tokens: int, num_seqs: int, num_kv_heads: int, max
                       max_context // _MIN_KEYS_PER_SPLIT))
 
 
-def _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window):
+def _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window, soft_cap=None):
     if q.ndim != 3:
         raise ValueError(f"q must be [T, Hq, D], got shape {q.shape}")
     if k_cache.ndim != 4:
@@ -363,13 +366,15 @@ def _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, s
         raise ValueError(f"sm_scale must be a positive Python float, got {sm_scale!r}")
     if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
         raise ValueError(f"sliding_window must be None or a positive int, got {sliding_window!r}")
+    if soft_cap is not None and (not isinstance(soft_cap, (int, float)) or not soft_cap > 0):
+        raise ValueError(f"soft_cap must be None or a positive Python float, got {soft_cap!r}")
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "sm_scale", "sliding_window", "interpret", "block_q", "kv_pages_per_step", "num_kv_splits",
+    "sm_scale", "sliding_window", "soft_cap", "interpret", "block_q", "kv_pages_per_step", "num_kv_splits",
     "num_warps", "num_stages"))
 def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *,
-                           sm_scale: float, sliding_window: int | None = None,
+                           sm_scale: float, sliding_window: int | None = None, soft_cap: float | None = None,
                            interpret: bool | None = None, block_q: int | None = None,
                            kv_pages_per_step: int | None = None, num_kv_splits: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None):
@@ -381,7 +386,7 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
     ``interpret=None`` interprets the kernel unless the default backend is a GPU.
     Returns ``[T, Hq, D]`` in q's dtype.
     """
-    _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window)
+    _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window, soft_cap)
     t, hq, d = q.shape
     num_blocks, bs, hkv, _ = k_cache.shape
     s, mb = block_tables.shape
@@ -411,7 +416,7 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
         num_tokens=t, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, num_blocks=num_blocks,
         block_size=bs, block_q=block_q, block_kv=kv_pages_per_step * bs,
         num_kv_splits=num_kv_splits, sm_scale=float(sm_scale), sliding_window=sliding_window,
-        precise_dots=jnp.dtype(q.dtype) == jnp.float32,
+        soft_cap=None if soft_cap is None else float(soft_cap), precise_dots=jnp.dtype(q.dtype) == jnp.float32,
         fp8_cache=jnp.dtype(k_cache.dtype) == _FP8_CACHE_DTYPE)
     as_i32 = lambda x: x.astype(jnp.int32)
     return _ragged_paged_attention_call(
@@ -424,9 +429,10 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
 # ----------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap"))
 def ragged_paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *,
-                                     sm_scale: float, sliding_window: int | None = None):
+                                     sm_scale: float, sliding_window: int | None = None,
+                                     soft_cap: float | None = None):
     """Same contract as ``ragged_paged_attention``: dense masked softmax, one sequence at a time.
 
     For each sequence slot it gathers all ``MB * BS`` key slots named by its block table, then masks
@@ -455,6 +461,8 @@ def ragged_paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q_len
         if sliding_window is not None:
             visible &= key_pos[None, :] > query_pos[:, None] - sliding_window
         scores = jnp.einsum("thd,khd->htk", q.astype(jnp.float32), k, precision=hi) * sm_scale
+        if soft_cap is not None:
+            scores = soft_cap * jnp.tanh(scores / soft_cap)
         probs = jax.nn.softmax(jnp.where(visible[None], scores, -jnp.inf), axis=-1)
         seq_out = jnp.einsum("htk,khd->thd", probs, v, precision=hi)
         out = jnp.where(own_row[:, None, None], seq_out, out)  # rows of other sequences: NaN-free

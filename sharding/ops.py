@@ -32,8 +32,8 @@ def shard_attention(attn_fn, mesh: Mesh):
         return attn_fn
     heads, cache, rep = partition_spec(HEADS_ACTIVATION_AXES), partition_spec(KV_CACHE_AXES), PartitionSpec()
 
-    def sharded(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale):
-        local = jax.shard_map(functools.partial(attn_fn, sm_scale=sm_scale), mesh=mesh,
+    def sharded(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, **layer_options):
+        local = jax.shard_map(functools.partial(attn_fn, sm_scale=sm_scale, **layer_options), mesh=mesh,
                               in_specs=(heads, cache, cache, rep, rep, rep), out_specs=heads, check_vma=False)
         return local(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens)
 

@@ -70,6 +70,29 @@ ARCHS = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(TINY, num_attention_heads=8, num_key_value_heads=1, head_dim=16,
                                          num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
                                          norm_topk_prob=True)),
+    # Gemma 2: (1 + w) norms (perturbed: HF initialises them to 0), sqrt(hidden) embedding scale, GeGLU, sandwich
+    # norms, query_pre_attn_scalar != head_dim, attention and final soft-capping small enough to bite, a
+    # sliding layer (window 12) then a global one; tied; an odd vocabulary.
+    "gemma2": ("Gemma2Config", dict(TINY, vocab_size=301, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                    query_pre_attn_scalar=24, sliding_window=12, attn_logit_softcapping=2.0,
+                                    final_logit_softcapping=3.0, _perturb_norms=0.3)),
+    # Gemma 3: q/k norms, local RoPE base 10k on the sliding layer, 1M (linear-scaled x4) on the global one; MQA;
+    # untied head.
+    "gemma3": ("Gemma3TextConfig", dict(TINY, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                                        query_pre_attn_scalar=32, sliding_window=10, tie_word_embeddings=False,
+                                        layer_types=["sliding_attention", "full_attention"],
+                                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                            "rope_theta": 1e6},
+                                                         "sliding_attention": {"rope_type": "default",
+                                                                               "rope_theta": 10000.0}},
+                                        _perturb_norms=0.3)),
+    # Phi-3: fused qkv_proj and gate_up_proj (split at load), longrope (short factors and the attention factor of a
+    # 2x extension), a sliding window of 20; odd vocabulary.
+    "phi3": ("Phi3Config", dict(TINY, vocab_size=263, num_attention_heads=4, num_key_value_heads=2, sliding_window=20,
+                                pad_token_id=0, bos_token_id=1, eos_token_id=2, original_max_position_embeddings=256,
+                                rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                 "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+                                                 "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0]})),
 }
 # Built on demand by the tests that need them (not by the session fixture): a dense model with 8 query heads
 # and 2 KV heads, for tensor parallelism over 8 devices.
@@ -319,11 +342,18 @@ def _write_random_checkpoint(config_class, config_kwargs, path, seed=0, dtype=No
     import torch
     import transformers
 
+    config_kwargs = dict(config_kwargs)
+    perturb_norms = config_kwargs.pop("_perturb_norms", 0.0)  # std of noise added to every norm's weight
     config = getattr(transformers, config_class)(**config_kwargs)
     if seed is not None:
         torch.manual_seed(seed)
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    if perturb_norms:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(torch.randn_like(p) * perturb_norms)
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
     save_kwargs = {"safe_serialization": True}

@@ -35,7 +35,10 @@ STEP_TOKENS = {"decode": (1, 8), "mixed": (16, 512)}  # the plan's steps compile
 
 def _config(name: str, layers: int | None):
     cfg = preset_config(name)
-    return cfg if layers is None else dataclasses.replace(cfg, num_layers=min(layers, cfg.num_layers))
+    if layers is None:
+        return cfg
+    n = min(layers, cfg.num_layers)
+    return dataclasses.replace(cfg, num_layers=n, layer_types=cfg.layer_types[:n])
 
 
 def _shape(kind: str, tokens: int):
@@ -110,4 +113,9 @@ def engine_cases(layers: int | None = None) -> list[CompileCase]:
         step("qwen2.5-7b", "mixed", 512, tp)
     step("qwen3-30b-a3b", "decode", 8, quick=True)
     step("qwen3-30b-a3b", "mixed", 512)
+    # head_dim 256; Gemma 2's soft-capped attention, Gemma 3's local / global layers (both kinds from 2 layers on)
+    for model in ("gemma-2-9b", "gemma-3-4b"):
+        step(model, "decode", 8, quick=True)
+        step(model, "mixed", 512)
+    step("gemma-2-9b", "decode", 8, 2)
     return out

@@ -23,21 +23,34 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3",
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+GEMMA_FAMILIES = ("gemma2", "gemma3_text")
+SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
+ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh")  # the last two: GELU, tanh approximation
 
-SUPPORTED_ROPE_SCALING = ("default", "llama3", "linear")
+SUPPORTED_ROPE_SCALING = ("default", "llama3", "linear", "longrope", "su")  # "su": Phi-3's old name for longrope
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling. ``rope_type`` is "llama3" or "linear" (plain RoPE has no RopeScaling)."""
+    """RoPE frequency scaling. ``rope_type`` is "llama3", "linear" or "longrope" (plain RoPE has no RopeScaling).
+
+    longrope (Phi-3): per-frequency divisors ``short_factor`` (contexts up to
+    ``original_max_position_embeddings``) and ``long_factor`` (beyond), and cos / sin multiplied by
+    ``attention_factor``. Only the short factors are implemented: the engine caps ``max_model_len`` there."""
 
     rope_type: str
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +73,8 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
     sliding_window: int | None = None  # None: full attention
+    # per layer SLIDING or FULL (Gemma 2/3 interleave them); () = every layer as ``sliding_window`` says
+    layer_types: tuple[str, ...] = ()
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -72,6 +87,17 @@ class ModelConfig:
     # Rows appended to the embedding and LM head so that a vocabulary-parallel split is even (set by the
     # sharding plan, never read from a checkpoint): their logits are dropped before anything samples them.
     vocab_padding: int = 0
+    # Gemma 2 / 3: RMSNorm scales by (norm_offset + weight); embeddings times embed_multiplier (sqrt(hidden));
+    # "sandwich" norms after attention and around the MLP; scores scaled by query_pre_attn_scalar ** -0.5;
+    # tanh soft-capping of the attention scores and of the final logits; a RoPE base of its own for the
+    # sliding-window layers (Gemma 3: 10k local, ``rope_theta`` global).
+    norm_offset: float = 0.0
+    embed_multiplier: float = 1.0
+    sandwich_norms: bool = False
+    query_pre_attn_scalar: float | None = None  # None: head_dim
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_local_theta: float | None = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -79,8 +105,12 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
-        if self.hidden_act not in ("silu", "swish"):
-            raise NotImplementedError(f"hidden_act={self.hidden_act!r} is not supported (only silu)")
+        if self.hidden_act not in ACTIVATIONS:
+            raise NotImplementedError(f"hidden_act={self.hidden_act!r} is not supported ({ACTIVATIONS})")
+        if self.layer_types and (len(self.layer_types) != self.num_layers
+                                 or set(self.layer_types) - {SLIDING, FULL}):
+            raise ValueError(f"layer_types must name {SLIDING!r} or {FULL!r} for each of the {self.num_layers} "
+                             f"layers, got {self.layer_types}")
         if self.num_experts:
             if not 1 <= self.num_experts_per_tok <= self.num_experts:
                 raise ValueError(
@@ -90,6 +120,35 @@ class ModelConfig:
                 raise ValueError(f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}")
         elif self.num_experts_per_tok or self.shared_expert_intermediate_size:
             raise ValueError("num_experts_per_tok / shared_expert_intermediate_size need num_experts > 0")
+
+    def layer_sliding_window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (None: it attends to the whole context)."""
+        if self.layer_types and self.layer_types[layer] == FULL:
+            return None
+        return self.sliding_window
+
+    def layer_uses_local_rope(self, layer: int) -> bool:
+        """Whether layer ``layer`` rotates by the local RoPE base (Gemma 3's sliding-window layers)."""
+        return self.rope_local_theta is not None and self.layer_sliding_window(layer) is not None
+
+    @property
+    def rope_attention_factor(self) -> float:
+        """What cos and sin are multiplied by (longrope's attention factor; 1 otherwise)."""
+        return self.rope_scaling.attention_factor if self.rope_scaling is not None else 1.0
+
+    @property
+    def max_supported_model_len(self) -> int:
+        """The longest context this implementation computes as the checkpoint defines it: longrope's long factors
+        (past ``original_max_position_embeddings``) are not implemented."""
+        s = self.rope_scaling
+        if s is not None and s.rope_type == "longrope":
+            return min(self.max_position_embeddings, s.original_max_position_embeddings)
+        return self.max_position_embeddings
+
+    @property
+    def attention_scale(self) -> float:
+        """What the attention scores are multiplied by: 1/sqrt(head_dim), or 1/sqrt(query_pre_attn_scalar)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def padded_vocab_size(self) -> int:
@@ -128,7 +187,7 @@ class ModelConfig:
                 mlp += 3 * h * self.shared_expert_intermediate_size + h  # shared expert + its sigmoid gate
         else:
             mlp = 3 * h * self.intermediate_size
-        per_layer = attn + mlp + 2 * h
+        per_layer = attn + mlp + (4 if self.sandwich_norms else 2) * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * per_layer + h + head
 
@@ -151,13 +210,21 @@ class ModelConfig:
                 f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
             )
         family = SUPPORTED_ARCHITECTURES[arch_name]
+        if family in GEMMA_FAMILIES:
+            return cls._from_gemma_dict(d, family)
         num_heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
         head_dim = d.get("head_dim") or hidden // num_heads
         rope_params = d.get("rope_parameters") or {}
         rope_theta = d.get("rope_theta", rope_params.get("rope_theta", 10000.0))
         scaling = d.get("rope_scaling") or (rope_params if rope_params.get("rope_type") else None)
-        rope_scaling = _parse_rope_scaling(scaling)
+        if scaling and "original_max_position_embeddings" in d:  # Phi-3 keeps it beside the scaling dict
+            scaling = {"original_max_position_embeddings": d["original_max_position_embeddings"], **scaling}
+        rope_scaling = _parse_rope_scaling(scaling, d.get("max_position_embeddings"))
+        if float(rope_params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))) != 1.0:
+            raise NotImplementedError(f"{family}: partial rotary embeddings (partial_rotary_factor="
+                                      f"{rope_params.get('partial_rotary_factor', d.get('partial_rotary_factor'))}, "
+                                      "e.g. Phi-4-mini) are not supported")
         window = _parse_sliding_window(d, family)
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
@@ -186,6 +253,53 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             **_parse_moe(d, family),
+        )
+
+    @classmethod
+    def _from_gemma_dict(cls, d: dict[str, Any], family: str) -> "ModelConfig":
+        """Gemma 2 / Gemma 3 (text): tied embeddings, interleaved local and global layers."""
+        num_layers = int(d["num_hidden_layers"])
+        layer_types = d.get("layer_types")
+        if layer_types is None:  # older configs: Gemma 2 alternates, Gemma 3 has 5 local per global
+            pattern = 2 if family == "gemma2" else int(d.get("sliding_window_pattern", 6))
+            layer_types = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+        rope = d.get("rope_parameters") or {}
+        local_theta = None
+        if family == "gemma3_text":
+            if FULL in rope or SLIDING in rope:
+                local = rope.get(SLIDING) or {}
+                if local.get("rope_type", "default") != "default":
+                    raise NotImplementedError(f"gemma3: RoPE scaling on the local layers ({local}) is not supported")
+                local_theta = float(local.get("rope_theta", d.get("rope_local_base_freq", 10000.0)))
+                rope = rope.get(FULL) or {}
+            else:
+                local_theta = float(d.get("rope_local_base_freq", 10000.0))
+        rope_theta = float(d.get("rope_theta", rope.get("rope_theta", 10000.0 if family == "gemma2" else 1e6)))
+        scaling = d.get("rope_scaling") or (rope if rope.get("rope_type") else None)
+        if d.get("use_bidirectional_attention"):
+            raise NotImplementedError(f"{family} with use_bidirectional_attention=True (an encoder) is not supported")
+        eos = d.get("eos_token_id")
+        num_heads, hidden = int(d["num_attention_heads"]), int(d["hidden_size"])
+        window = d.get("sliding_window")
+        softcap = lambda key: None if d.get(key) is None else float(d[key])
+        return cls(
+            architecture=family, vocab_size=int(d["vocab_size"]), hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]), num_layers=num_layers, num_heads=num_heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or num_heads),
+            head_dim=int(d.get("head_dim") or hidden // num_heads), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta, rope_scaling=_parse_rope_scaling(scaling),
+            max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
+            attention_bias=bool(d.get("attention_bias", False)), qk_norm=family == "gemma3_text",
+            sliding_window=None if window is None else int(window),
+            layer_types=tuple(layer_types) if window is not None else (),
+            hidden_act=d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh",
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
+            norm_offset=1.0, embed_multiplier=hidden**0.5, sandwich_norms=True,
+            query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)),
+            attn_logit_softcapping=softcap("attn_logit_softcapping"),
+            final_logit_softcapping=softcap("final_logit_softcapping"), rope_local_theta=local_theta,
         )
 
     @classmethod
@@ -229,16 +343,48 @@ class ModelConfig:
             if self.architecture == "qwen2_moe":
                 d["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
                 d["qkv_bias"] = self.attention_bias
+        if self.architecture in GEMMA_FAMILIES:
+            d.pop("hidden_act")
+            d.update(hidden_activation=self.hidden_act, query_pre_attn_scalar=self.query_pre_attn_scalar,
+                     attn_logit_softcapping=self.attn_logit_softcapping,
+                     final_logit_softcapping=self.final_logit_softcapping, attention_bias=self.attention_bias,
+                     sliding_window=self.sliding_window, layer_types=list(self.layer_types) or None)
+            if self.architecture == "gemma3_text":
+                full = {"rope_type": "default", "rope_theta": self.rope_theta}
+                if self.rope_scaling is not None:
+                    full.update(dataclasses.asdict(self.rope_scaling))
+                d.pop("rope_theta")
+                d["rope_parameters"] = {FULL: full, SLIDING: {"rope_type": "default",
+                                                              "rope_theta": self.rope_local_theta}}
+                return d
         if self.rope_scaling is not None:
             d["rope_scaling"] = dataclasses.asdict(self.rope_scaling)
-        if self.sliding_window is not None:
+            if self.rope_scaling.rope_type == "longrope":
+                for key in ("low_freq_factor", "high_freq_factor"):
+                    d["rope_scaling"].pop(key)
+        if self.sliding_window is not None and self.architecture not in GEMMA_FAMILIES:
             d["sliding_window"] = self.sliding_window
             d["use_sliding_window"] = True
             d["max_window_layers"] = 0
         return d
 
 
-def _parse_rope_scaling(scaling: dict[str, Any] | None) -> RopeScaling | None:
+def _parse_longrope(scaling: dict[str, Any], max_position_embeddings: int | None) -> RopeScaling:
+    """Phi-3's longrope: the factor is the context extension, the attention factor HF's default from it."""
+    original = int(scaling.get("original_max_position_embeddings") or 4096)
+    factor = scaling.get("factor")
+    if factor is None:
+        factor = (max_position_embeddings or original) / original
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling(rope_type="longrope", factor=float(factor), original_max_position_embeddings=original,
+                       short_factor=tuple(float(x) for x in scaling["short_factor"]),
+                       long_factor=tuple(float(x) for x in scaling["long_factor"]), attention_factor=float(attention))
+
+
+def _parse_rope_scaling(scaling: dict[str, Any] | None, max_position_embeddings: int | None = None
+                        ) -> RopeScaling | None:
     if not scaling:
         return None
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
@@ -248,6 +394,8 @@ def _parse_rope_scaling(scaling: dict[str, Any] | None) -> RopeScaling | None:
         )
     if rope_type == "default":
         return None
+    if rope_type in ("longrope", "su"):
+        return _parse_longrope(scaling, max_position_embeddings)
     return RopeScaling(
         rope_type=rope_type,
         factor=float(scaling["factor"]),
@@ -305,13 +453,17 @@ def _parse_sliding_window(d: dict[str, Any], family: str) -> int | None:
     return int(window)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> "list[float]":
-    """Inverse RoPE frequencies (length head_dim // 2), with llama3 / linear scaling applied."""
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> "list[float]":
+    """Inverse RoPE frequencies (length head_dim // 2), with llama3 / linear scaling applied. ``local``: those of
+    Gemma 3's sliding-window layers (base ``cfg.rope_local_theta``, never scaled)."""
     dim = cfg.head_dim
-    inv = [1.0 / (cfg.rope_theta ** (2 * i / dim)) for i in range(dim // 2)]
-    s = cfg.rope_scaling
+    base = cfg.rope_local_theta if local else cfg.rope_theta
+    inv = [1.0 / (base ** (2 * i / dim)) for i in range(dim // 2)]
+    s = None if local else cfg.rope_scaling
     if s is None:
         return inv
+    if s.rope_type == "longrope":  # the short factors: contexts up to original_max_position_embeddings
+        return [f / e for f, e in zip(inv, s.short_factor)]
     if s.rope_type == "linear":
         return [f / s.factor for f in inv]
     # llama3: keep high frequencies, divide low ones by `factor`, interpolate smoothly between.

@@ -226,6 +226,69 @@ _MOE_240M_DENSE = {
     "intermediate_size": 8 * 2048,  # the 8 experts side by side: equal total params but for the router's (0.01%)
 }
 
+_GEMMA2_9B = {  # google/gemma-2-9b
+    "architectures": ["Gemma2ForCausalLM"],
+    "vocab_size": 256000,
+    "hidden_size": 3584,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 42,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "bos_token_id": 2,
+    "eos_token_id": [1, 107],
+}
+
+_GEMMA3_4B = {  # the text model of google/gemma-3-4b-it (its text_config)
+    "architectures": ["Gemma3ForCausalLM"],
+    "vocab_size": 262208,
+    "hidden_size": 2560,
+    "intermediate_size": 10240,
+    "num_hidden_layers": 34,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 1024,
+    "sliding_window_pattern": 6,
+    "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "bos_token_id": 2,
+    "eos_token_id": [1, 106],
+}
+
+_PHI3_MINI = {  # microsoft/Phi-3-mini-4k-instruct
+    "architectures": ["Phi3ForCausalLM"],
+    "vocab_size": 32064,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "sliding_window": 2047,
+    "max_position_embeddings": 4096,
+    "original_max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 32000,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "llama-2-7b": _LLAMA2_7B,
     "llama-3-8b": _LLAMA3_8B,
@@ -239,6 +302,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen2-57b-a14b": _QWEN2_57B_A14B,
     "moe-240m": _MOE_240M,
     "moe-240m-dense": _MOE_240M_DENSE,
+    "gemma-2-9b": _GEMMA2_9B,
+    "gemma-3-4b": _GEMMA3_4B,
+    "phi-3-mini": _PHI3_MINI,
 }
 
 

@@ -164,13 +164,21 @@ def load_hf_params(
     return _load(model_dir, cfg, dtype, _DevicePlacer(shardings))
 
 
-def _hf_tensor_table(cfg: ModelConfig) -> dict[str, tuple[tuple, ParamSpec, int | None]]:
-    """HF tensor name -> (path of the leaf, its spec, slot in the stacked axis or None)."""
-    return {name: (path, spec, slot) for path, spec in spec_leaves_with_paths(cfg) for name, slot in spec.hf_names()}
+def _hf_tensor_table(cfg: ModelConfig) -> dict[str, list[tuple[tuple, ParamSpec, int | None]]]:
+    """HF tensor name -> [(path of the leaf, its spec, slot in the stacked axis or None)]: one leaf per tensor,
+    or several where a fused tensor is split at load (``ParamSpec.hf_rows``)."""
+    table: dict[str, list] = {}
+    for path, spec in spec_leaves_with_paths(cfg):
+        for name, slot in spec.hf_names():
+            table.setdefault(name, []).append((path, spec, slot))
+    return table
 
 
 def _hf_shape(spec: ParamSpec, slot: int | None) -> tuple[int, ...]:
-    """The shape HF stores: one slot of a stacked leaf, transposed back where HF stores [out, in]."""
+    """The shape HF stores: one slot of a stacked leaf, transposed back where HF stores [out, in]; the whole
+    fused tensor for a spec that is some of its rows."""
+    if spec.hf_rows is not None:
+        return (spec.hf_rows[2], spec.shape[0])
     shape = spec.shape[1:] if slot is not None else spec.shape
     return tuple(reversed(shape)) if spec.transpose else tuple(shape)
 
@@ -203,21 +211,24 @@ def _load(model_dir: str | Path, cfg: ModelConfig, dtype: Any, placer) -> dict[s
                             f"{file}: unexpected tensor {name!r} (shape {shape}) for a "
                             f"{cfg.architecture} config with {cfg.num_layers} layers"
                         )
-                    path, spec, slot = table[name]
-                    if shape != _hf_shape(spec, slot):
-                        raise CheckpointError(
-                            f"{file}: tensor {name!r} has shape {shape}, expected {_hf_shape(spec, slot)}"
-                        )
-                    arr = f.get_tensor(name)
-                    if spec.transpose:
-                        arr = arr.T
-                    arr = np.ascontiguousarray(arr, dtype=target_dtype)
-                    if slot is None:
-                        _set_at(params, path, placer.place(arr, path))
-                        continue
-                    if path not in stacks:
-                        stacks[path] = placer.new_stack(spec.shape, target_dtype, path)
-                    stacks[path] = placer.set_slot(stacks[path], slot, arr, path)
+                    entries = table[name]
+                    for path, spec, slot in entries:
+                        if shape != _hf_shape(spec, slot):
+                            raise CheckpointError(
+                                f"{file}: tensor {name!r} has shape {shape}, expected {_hf_shape(spec, slot)}"
+                            )
+                    tensor = f.get_tensor(name)
+                    for path, spec, slot in entries:
+                        arr = tensor if spec.hf_rows is None else tensor[spec.hf_rows[0]:spec.hf_rows[1]]
+                        if spec.transpose:
+                            arr = arr.T
+                        arr = np.ascontiguousarray(arr, dtype=target_dtype)
+                        if slot is None:
+                            _set_at(params, path, placer.place(arr, path))
+                            continue
+                        if path not in stacks:
+                            stacks[path] = placer.new_stack(spec.shape, target_dtype, path)
+                        stacks[path] = placer.set_slot(stacks[path], slot, arr, path)
         except SafetensorError as e:
             raise CheckpointError(f"{file}: cannot read safetensors file (truncated or corrupt?): {e}") from e
     missing = [name for name in table if name not in seen]

@@ -64,6 +64,12 @@ def _normalise(denom, acc):
     return acc / jnp.where(denom > 0, denom, 1.0)[..., None]
 
 
+def soft_cap_scores(scores, soft_cap):
+    """Gemma 2's attention logit soft-capping, ``cap * tanh(scores / cap)`` (scores already scaled); None:
+    unchanged."""
+    return scores if soft_cap is None else soft_cap * jnp.tanh(scores / soft_cap)
+
+
 def _key_range(first_query_pos, last_query_pos, sliding_window):
     """[first, last] key positions a run of queries at positions first..last may see."""
     first = jnp.int32(0) if sliding_window is None else jnp.maximum(first_query_pos - sliding_window + 1, 0)
@@ -76,7 +82,7 @@ _DECODE_CHUNK_KEYS = 128  # and at most this many keys per sequence (the last ch
 
 def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens, kv_lens, *, width, sm_scale,
                           sliding_window, chunk_bytes=_DECODE_CHUNK_BYTES, max_chunk_keys=_DECODE_CHUNK_KEYS,
-                          cpu_kernel=None):
+                          cpu_kernel=None, soft_cap=None):
     """Attention of sequences with at most ``width`` queries each, the last at position kv_len - 1 (a slot
     with q_len 0 sees nothing): returns [S, width, Hq, D] (float32).
 
@@ -124,7 +130,7 @@ def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens
         table = tables[index]
         k = widen_kv(k_cache[table]).reshape(num_seqs, keys, num_kv_heads, head_dim)
         v = widen_kv(v_cache[table]).reshape(num_seqs, keys, num_kv_heads, head_dim)
-        scores = jnp.einsum("skqd,sckd->skqc", q, k)
+        scores = soft_cap_scores(jnp.einsum("skqd,sckd->skqc", q, k), soft_cap)
         k_pos = index * keys + jnp.arange(keys)
         valid = k_pos[None, None, :] <= row_pos[:, :, None]  # [S, rows, C]
         if sliding_window is not None:
@@ -154,7 +160,7 @@ def num_query_blocks(num_tokens: int, num_seqs: int, q_block: int) -> int:
 
 
 def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_lens, kv_lens, *, sm_scale,
-                         sliding_window, q_block=_PREFILL_Q_BLOCK, k_block=_PREFILL_K_BLOCK):
+                         sliding_window, q_block=_PREFILL_Q_BLOCK, k_block=_PREFILL_K_BLOCK, soft_cap=None):
     """Attention of the query runs with more than one query: returns [T, Hq, D] (float32; rows of other
     tokens are garbage for the caller to drop).
 
@@ -195,7 +201,7 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
             ids = jax.lax.dynamic_slice_in_dim(table, kb * pages, pages)
             k = widen_kv(k_cache[ids]).reshape(keys, num_kv_heads, head_dim)
             v = widen_kv(v_cache[ids]).reshape(keys, num_kv_heads, head_dim)
-            scores = jnp.einsum("krd,ckd->krc", q, k)
+            scores = soft_cap_scores(jnp.einsum("krd,ckd->krc", q, k), soft_cap)
             k_pos = kb * keys + jnp.arange(keys)
             valid = k_pos[None, :] <= q_pos[:, None]  # [rows, C]
             if sliding_window is not None:
@@ -220,7 +226,7 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
 def xla_ragged_paged_attention(
     q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, query_width=None, sliding_window=None,
     decode_chunk_bytes=_DECODE_CHUNK_BYTES, prefill_q_block=_PREFILL_Q_BLOCK, prefill_k_block=_PREFILL_K_BLOCK,
-    cpu_kernel=None,
+    cpu_kernel=None, soft_cap=None,
 ):
     """q_TNH [T, Hq, D]; caches [N, BS, Hkv, D]; block_tables [S, MB]; cu_q_lens [S+1]; kv_lens [S].
     Returns [T, Hq, D] (zeros for padding tokens).
@@ -230,8 +236,11 @@ def xla_ragged_paged_attention(
     single-query slots take the short-query loop, longer runs the query-block loop.
     ``cpu_kernel``: whether the C++ kernels take the step (None: on the CPU when they are loaded,
     ``cpu_ffi.loaded()``): single queries and short query runs ``cpu_ffi.paged_attention``, longer runs
-    ``cpu_ffi.ragged_attention``.
+    ``cpu_ffi.ragged_attention``. ``soft_cap``: Gemma 2's ``cap * tanh(score / cap)`` on the scaled scores
+    (None: off); the C++ kernels do not cap, so a capped call always takes the loops here.
     """
+    if soft_cap is not None:
+        cpu_kernel = False
     num_tokens = q_TNH.shape[0]
     num_seqs = kv_lens.shape[0]
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
@@ -240,7 +249,7 @@ def xla_ragged_paged_attention(
     idx = t - cu_q_lens[s]
     real = t < cu_q_lens[-1]
     short = dict(sm_scale=sm_scale, sliding_window=sliding_window, chunk_bytes=decode_chunk_bytes,
-                 cpu_kernel=cpu_kernel)
+                 cpu_kernel=cpu_kernel, soft_cap=soft_cap)
     if query_width is not None:
         tile = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, cu_q_lens[:-1], q_lens, kv_lens,
                                      width=query_width, **short)
@@ -257,7 +266,7 @@ def xla_ragged_paged_attention(
     else:
         runs = _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_lens, kv_lens,
                                     sm_scale=sm_scale, sliding_window=sliding_window, q_block=prefill_q_block,
-                                    k_block=prefill_k_block)
+                                    k_block=prefill_k_block, soft_cap=soft_cap)
     out = jnp.where(single[s][:, None, None], decodes[s, 0], runs)
     return jnp.where(real[:, None, None], out, 0.0).astype(q_TNH.dtype)
 

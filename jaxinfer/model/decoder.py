@@ -1,5 +1,5 @@
-"""The decoder as pure functions over a params pytree (Llama, Mistral, Qwen2, Qwen3; MoE: Mixtral,
-Qwen2-MoE, Qwen3-MoE).
+"""The decoder as pure functions over a params pytree (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3; MoE:
+Mixtral, Qwen2-MoE, Qwen3-MoE).
 
 ``forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=...)`` runs one ragged step: it embeds the flat
 tokens, and per layer writes the new keys and values into the paged cache and attends over it, then returns
@@ -29,17 +29,36 @@ from jaxinfer.model.moe import moe_block
 from jaxinfer.model.step_batch import StepBatch
 
 
-def rms_norm(x, weight, eps):
+def rms_norm(x, weight, eps, offset: float = 0.0):
+    """RMSNorm scaled by ``weight`` (Llama: ``weight * normed.astype(dtype)``), or by ``offset + weight`` in
+    float32 before the cast (Gemma's ``1 + weight``)."""
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if offset:
+        return (x32 * (offset + weight.astype(jnp.float32))).astype(x.dtype)
     return weight * x32.astype(x.dtype)
 
 
-def rope_cos_sin(cfg: ModelConfig, positions):
-    """cos, sin of shape [T, D] for HF's half-split rotary layout."""
-    inv_freq = jnp.asarray(np.asarray(rope_inv_freq(cfg), dtype=np.float32))
+def soft_cap(x, cap):
+    """``cap * tanh(x / cap)`` (Gemma 2's logit soft-capping); None: unchanged."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def activation(name: str):
+    """The MLP's gate activation: SiLU, or GELU with the tanh approximation (Gemma's gelu_pytorch_tanh)."""
+    if name in ("silu", "swish"):
+        return jax.nn.silu
+    return lambda x: jax.nn.gelu(x, approximate=True)
+
+
+def rope_cos_sin(cfg: ModelConfig, positions, local: bool = False):
+    """cos, sin of shape [T, D] for HF's half-split rotary layout (``local``: Gemma 3's local-layer base)."""
+    inv_freq = jnp.asarray(np.asarray(rope_inv_freq(cfg, local), dtype=np.float32))
     freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
     emb = jnp.concatenate([freqs, freqs], axis=-1)
+    scale = 1.0 if local else cfg.rope_attention_factor  # longrope's attention factor
+    if scale != 1.0:
+        return jnp.cos(emb) * scale, jnp.sin(emb) * scale
     return jnp.cos(emb), jnp.sin(emb)
 
 
@@ -50,7 +69,7 @@ def apply_rope(x_TNH, cos, sin):
     return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).astype(x_TNH.dtype)
 
 
-def attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelConfig, attn_fn):
+def attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelConfig, attn_fn, layer: int = 0):
     num_tokens = x.shape[0]
     q, k, v = qkv_projection(lp, x, cfg.q_size, cfg.kv_size, linear)
     if cfg.attention_bias:
@@ -59,19 +78,23 @@ def attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelCo
     k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
     v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
     if cfg.qk_norm:
-        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
-        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps, cfg.norm_offset)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps, cfg.norm_offset)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_cache = write_kv(layer_cache[0], k, batch.slot_mapping)
     v_cache = write_kv(layer_cache[1], v, batch.slot_mapping)
-    out = attn_fn(
-        q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens, batch.kv_lens, sm_scale=cfg.head_dim**-0.5
-    )
+    extra = {}  # only what differs from the model-wide attention the backend was built for
+    if cfg.layer_types:
+        extra["sliding_window"] = cfg.layer_sliding_window(layer)
+    if cfg.attn_logit_softcapping is not None:
+        extra["soft_cap"] = cfg.attn_logit_softcapping
+    out = attn_fn(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens, batch.kv_lens, sm_scale=cfg.attention_scale,
+                  **extra)
     return linear(out.reshape(num_tokens, cfg.q_size), lp["wo"]), (k_cache, v_cache)
 
 
-def mlp_block(lp, x):
-    return linear(jax.nn.silu(linear(x, lp["w_gate"])) * linear(x, lp["w_up"]), lp["w_down"])
+def mlp_block(lp, x, act=jax.nn.silu):
+    return linear(act(linear(x, lp["w_gate"])) * linear(x, lp["w_up"]), lp["w_down"])
 
 
 def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_fn, moe_fn=moe_block,
@@ -84,23 +107,35 @@ def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_
     ``ShardingPlan.gather_logits``: gather the vocab-parallel logits first, then slice locally)."""
     with jax.named_scope("embed"):
         x = params["embed"][batch.token_ids]
-    cos, sin = rope_cos_sin(cfg, batch.positions)
+        if cfg.embed_multiplier != 1.0:  # Gemma: sqrt(hidden), rounded to the embedding's dtype as HF does
+            x = x * jnp.asarray(cfg.embed_multiplier, x.dtype)
+    rope = {False: rope_cos_sin(cfg, batch.positions)}
+    if cfg.rope_local_theta is not None:
+        rope[True] = rope_cos_sin(cfg, batch.positions, local=True)
     valid = jnp.arange(x.shape[0]) < batch.cu_q_lens[-1]
+    eps, offset, act = cfg.rms_norm_eps, cfg.norm_offset, activation(cfg.hidden_act)
     new_cache = []
     for i, (lp, layer_cache) in enumerate(zip(params["layers"], kv_cache)):
         with jax.named_scope(f"layer{i}"):
-            h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-            attn_out, layer_cache = attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn)
+            cos, sin = rope[cfg.layer_uses_local_rope(i)]
+            h = rms_norm(x, lp["attn_norm"], eps, offset)
+            attn_out, layer_cache = attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn, i)
+            if cfg.sandwich_norms:
+                attn_out = rms_norm(attn_out, lp["post_attn_norm"], eps, offset)
             x = x + attn_out
-            h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-            x = x + (moe_fn(lp, h, valid, cfg) if cfg.is_moe else mlp_block(lp, h))
+            h = rms_norm(x, lp["mlp_norm"], eps, offset)
+            mlp_out = moe_fn(lp, h, valid, cfg) if cfg.is_moe else mlp_block(lp, h, act)
+            if cfg.sandwich_norms:
+                mlp_out = rms_norm(mlp_out, lp["post_mlp_norm"], eps, offset)
+            x = x + mlp_out
         new_cache.append(layer_cache)
     with jax.named_scope("lm_head"):
-        x = rms_norm(x[batch.logits_indices], params["final_norm"], cfg.rms_norm_eps)
+        x = rms_norm(x[batch.logits_indices], params["final_norm"], eps, offset)
         if "lm_head" in params:
             logits = linear(x, params["lm_head"], out_dtype=jnp.float32)
         else:  # tied: the embedding table transposed
             logits = jnp.dot(x, params["embed"].T, preferred_element_type=jnp.float32)
+        logits = soft_cap(logits, cfg.final_logit_softcapping)
         if cfg.vocab_padding:  # the rows a vocabulary-parallel split padded on: never sampled, never seen
             if gather_logits is not None:
                 logits = gather_logits(logits)

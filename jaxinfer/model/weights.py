@@ -23,6 +23,9 @@ Params pytree (layers are a Python list; linear weights are ``[in, out]``)::
     layers[i].q_norm           [D]           (head_dim,)             model.layers.{i}.self_attn.q_norm.weight -- qk_norm
     layers[i].k_norm           [D]           (head_dim,)             model.layers.{i}.self_attn.k_norm.weight -- qk_norm
     layers[i].mlp_norm         [H]           (embed,)                model.layers.{i}.post_attention_layernorm.weight
+                                                                     [Gemma: pre_feedforward_layernorm]
+    layers[i].post_attn_norm   [H]           (embed,)                ...post_attention_layernorm.weight   -- Gemma
+    layers[i].post_mlp_norm    [H]           (embed,)                ...post_feedforward_layernorm.weight -- Gemma
     layers[i].w_gate           [H, F]        (embed, mlp)            model.layers.{i}.mlp.gate_proj.weight (T)
     layers[i].w_up             [H, F]        (embed, mlp)            model.layers.{i}.mlp.up_proj.weight (T)
     layers[i].w_down           [F, H]        (mlp, embed)            model.layers.{i}.mlp.down_proj.weight (T)
@@ -70,8 +73,11 @@ class ParamSpec:
     logical_axes: tuple[str | None, ...]  # one name from LOGICAL_AXES per dimension
     hf_name: str  # tensor name in an HF safetensors checkpoint; with an "{expert}" field when stacked
     transpose: bool  # HF stores the [out, in] transpose of our [in, out] layout
-    init: str = "normal"  # "normal" (std given at init time) or "ones" (RMSNorm scales)
+    init: str = "normal"  # "normal" (std given at init time), "ones" or "zeros" (RMSNorm scales, Gemma's + 1)
     stacked: bool = False  # the leading axis stacks one HF tensor per expert (hf_name has an {expert} field)
+    # (start, stop, total): this parameter is rows start:stop of an HF tensor of ``total`` rows (HF's [out, in])
+    # that several parameters share (Phi-3's fused qkv_proj and gate_up_proj, split at load)
+    hf_rows: tuple[int, int, int] | None = None
 
     def __post_init__(self):
         if len(self.shape) != len(self.logical_axes):
@@ -90,6 +96,11 @@ class ParamSpec:
 
 def _linear(hf_name: str, n_in: int, n_out: int, axes: tuple[str | None, str | None]) -> ParamSpec:
     return ParamSpec((n_in, n_out), axes, hf_name, transpose=True)
+
+
+def _rows_of(hf_name: str, start: int, stop: int, total: int, n_in: int, axes) -> ParamSpec:
+    """A linear weight that is rows start:stop of HF's fused [total, n_in] tensor ``hf_name``."""
+    return ParamSpec((n_in, stop - start), axes, hf_name, transpose=True, hf_rows=(start, stop, total))
 
 
 def _experts(hf_name: str, n: int, n_in: int, n_out: int, axes: tuple[str, str]) -> ParamSpec:
@@ -121,29 +132,50 @@ def _vector(hf_name: str, n: int, axis: str, init: str) -> ParamSpec:
     return ParamSpec((n,), (axis,), hf_name, transpose=False, init=init)
 
 
+def _norm_init(cfg: ModelConfig) -> str:
+    """RMSNorm scales start at 1: weights of ones, or zeros where the norm adds 1 itself (Gemma)."""
+    return "zeros" if cfg.norm_offset else "ones"
+
+
 def _layer_specs(cfg: ModelConfig, i: int) -> dict[str, ParamSpec]:
     h, f, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
     pre = f"model.layers.{i}"
+    norm = _norm_init(cfg)
     specs = {
-        "attn_norm": _vector(f"{pre}.input_layernorm.weight", h, "embed", "ones"),
+        "attn_norm": _vector(f"{pre}.input_layernorm.weight", h, "embed", norm),
         "wq": _linear(f"{pre}.self_attn.q_proj.weight", h, q, ("embed", "q_heads")),
         "wk": _linear(f"{pre}.self_attn.k_proj.weight", h, kv, ("embed", "kv_heads")),
         "wv": _linear(f"{pre}.self_attn.v_proj.weight", h, kv, ("embed", "kv_heads")),
         "wo": _linear(f"{pre}.self_attn.o_proj.weight", q, h, ("q_heads", "embed")),
     }
+    if cfg.architecture == "phi3":  # one qkv_proj [q + 2 kv, H] in the checkpoint
+        qkv, total = f"{pre}.self_attn.qkv_proj.weight", q + 2 * kv
+        specs["wq"] = _rows_of(qkv, 0, q, total, h, ("embed", "q_heads"))
+        specs["wk"] = _rows_of(qkv, q, q + kv, total, h, ("embed", "kv_heads"))
+        specs["wv"] = _rows_of(qkv, q + kv, total, total, h, ("embed", "kv_heads"))
     if cfg.attention_bias:
         specs["bq"] = _vector(f"{pre}.self_attn.q_proj.bias", q, "q_heads", "normal")
         specs["bk"] = _vector(f"{pre}.self_attn.k_proj.bias", kv, "kv_heads", "normal")
         specs["bv"] = _vector(f"{pre}.self_attn.v_proj.bias", kv, "kv_heads", "normal")
     if cfg.qk_norm:
-        specs["q_norm"] = _vector(f"{pre}.self_attn.q_norm.weight", cfg.head_dim, "head_dim", "ones")
-        specs["k_norm"] = _vector(f"{pre}.self_attn.k_norm.weight", cfg.head_dim, "head_dim", "ones")
-    specs["mlp_norm"] = _vector(f"{pre}.post_attention_layernorm.weight", h, "embed", "ones")
+        specs["q_norm"] = _vector(f"{pre}.self_attn.q_norm.weight", cfg.head_dim, "head_dim", norm)
+        specs["k_norm"] = _vector(f"{pre}.self_attn.k_norm.weight", cfg.head_dim, "head_dim", norm)
+    if cfg.sandwich_norms:  # Gemma: HF's post_attention_layernorm follows attention; the MLP is pre- and post-normed
+        specs["post_attn_norm"] = _vector(f"{pre}.post_attention_layernorm.weight", h, "embed", norm)
+        specs["mlp_norm"] = _vector(f"{pre}.pre_feedforward_layernorm.weight", h, "embed", norm)
+        specs["post_mlp_norm"] = _vector(f"{pre}.post_feedforward_layernorm.weight", h, "embed", norm)
+    else:
+        specs["mlp_norm"] = _vector(f"{pre}.post_attention_layernorm.weight", h, "embed", norm)
     if cfg.is_moe:
         specs.update(_moe_specs(cfg, pre))
         return specs
-    specs["w_gate"] = _linear(f"{pre}.mlp.gate_proj.weight", h, f, ("embed", "mlp"))
-    specs["w_up"] = _linear(f"{pre}.mlp.up_proj.weight", h, f, ("embed", "mlp"))
+    if cfg.architecture == "phi3":  # one gate_up_proj [2 F, H]: gate rows first
+        gate_up = f"{pre}.mlp.gate_up_proj.weight"
+        specs["w_gate"] = _rows_of(gate_up, 0, f, 2 * f, h, ("embed", "mlp"))
+        specs["w_up"] = _rows_of(gate_up, f, 2 * f, 2 * f, h, ("embed", "mlp"))
+    else:
+        specs["w_gate"] = _linear(f"{pre}.mlp.gate_proj.weight", h, f, ("embed", "mlp"))
+        specs["w_up"] = _linear(f"{pre}.mlp.up_proj.weight", h, f, ("embed", "mlp"))
     specs["w_down"] = _linear(f"{pre}.mlp.down_proj.weight", f, h, ("mlp", "embed"))
     return specs
 
@@ -156,7 +188,7 @@ def param_specs(cfg: ModelConfig) -> dict[str, Any]:
     }
     if not cfg.tie_word_embeddings:
         specs["lm_head"] = _linear("lm_head.weight", h, v, ("embed", "vocab"))
-    specs["final_norm"] = _vector("model.norm.weight", h, "embed", "ones")
+    specs["final_norm"] = _vector("model.norm.weight", h, "embed", _norm_init(cfg))
     specs["layers"] = [_layer_specs(cfg, i) for i in range(cfg.num_layers)]
     return specs
 
@@ -186,6 +218,9 @@ def hf_name_table(cfg: ModelConfig) -> dict[str, tuple[Path, bool]]:
     (``get_at_path`` indexes the array with it)."""
     table = {}
     for path, spec in spec_leaves_with_paths(cfg):
+        if spec.hf_rows is not None:
+            raise NotImplementedError(f"{spec.hf_name}: a fused HF tensor split over several parameters "
+                                      f"({cfg.architecture}) has no one-to-one name table")
         for name, slot in spec.hf_names():
             table[name] = (path if slot is None else (*path, slot), spec.transpose)
     return table
@@ -214,8 +249,8 @@ def init_random_params(
     flat, treedef = jax.tree_util.tree_flatten(param_specs(cfg), is_leaf=_is_spec)
     leaves = []
     for index, spec in enumerate(flat):
-        if spec.init == "ones":
-            leaves.append(jnp.ones(spec.shape, dt))
+        if spec.init in ("ones", "zeros"):
+            leaves.append((jnp.ones if spec.init == "ones" else jnp.zeros)(spec.shape, dt))
         elif spec.init == "normal":
             sample = jax.random.normal(jax.random.fold_in(key, index), spec.shape, dtype=jnp.float32)
             leaves.append((sample * std).astype(dt))

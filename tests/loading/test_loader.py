@@ -329,6 +329,9 @@ PUBLISHED_PARAMS = {
     "qwen2.5-0.5b": 0.49e9,
     "qwen2.5-7b": 7.62e9,
     "qwen3-0.6b": 0.6e9,
+    "gemma-2-9b": 9.24e9,
+    "gemma-3-4b": 3.88e9,
+    "phi-3-mini": 3.82e9,  # the text model (4.3e9 with the SigLIP vision tower, which is not served)
 }
 
 
@@ -346,11 +349,12 @@ def test_llama31_has_llama3_rope_scaling():
     assert cfg.eos_token_ids == (128001, 128008, 128009)
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "llama-150m"])
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "llama-150m", "gemma-2-9b", "gemma-3-4b", "phi-3-mini"])
 def test_preset_param_count_matches_transformers(name):
     """Build the preset in transformers on the meta device: same parameter count as ours."""
     hf_oracle.skip_unless_available()
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                  "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3"}[
         PRESETS[name]["architectures"][0]]
     assert hf_oracle.count_parameters(model_type, preset_hf_dict(name)) == preset_config(name).num_params
 

@@ -173,3 +173,19 @@ def test_query_blocks_never_visit_keys_no_query_of_the_block_sees(q_block, k_blo
                                      decode_chunk_bytes=4 * 2 * 16 * 4)  # the decode slot: one-block chunks
     want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("q_lens, kv_extra, width", [(*c, None) for c in CASES] +  # mixed steps
+                         [(*c, max(c[0]) + 1) for c in CASES if max(c[0]) <= 12])  # short-query steps
+def test_soft_capped_scores_match_reference(q_lens, kv_extra, width, window):
+    """Gemma 2's cap * tanh(score / cap), in both loops (mixed steps and short-query steps): the reference's
+    capped softmax. A capped call never takes the C++ kernels, which do not cap (asked for, they are skipped)."""
+    q, k, v, tables, cu, kv = _case(len(q_lens), q_lens, kv_extra)
+    got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, cpu_kernel=True, sm_scale=0.25, query_width=width,
+                                     sliding_window=window, prefill_q_block=16, prefill_k_block=8, soft_cap=0.9)
+    want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window,
+                                            soft_cap=0.9)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    uncapped = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
+    assert np.abs(np.asarray(uncapped) - np.asarray(want)).max() > 1e-2  # the cap changes the result

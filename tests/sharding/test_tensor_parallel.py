@@ -43,6 +43,9 @@ CASES = {
     "qwen2_moe-ep4": ("qwen2_moe", 4, 4, "xla"),
     "qwen3_moe-ep8": ("qwen3_moe", 8, 8, "xla"),  # MQA: the one KV head on all 8 devices; 2 experts each
     "qwen3_moe-tp2": ("qwen3_moe", 2, 1, "xla"),
+    "gemma2-tp2": ("gemma2", 2, 1, "xla"),  # soft-capping, per-layer windows, sandwich norms; vocab 301 padded
+    "gemma3-tp2": ("gemma3", 2, 1, "xla"),  # MQA: the KV head on both devices; local / global RoPE
+    "phi3-tp4": ("phi3", 4, 1, "xla"),  # the fused qkv / gate_up split at load, then split again by head
     # vocabularies the split does not divide: embedding and LM head padded per the plan, padding never seen
     "llama_vocab333-tp2": ("llama_vocab333", 2, 1, "xla"),
     "llama_vocab333-tp4": ("llama_vocab333", 4, 1, "xla"),
