@@ -102,9 +102,10 @@ def validate(tensor_parallel_size: int, expert_parallel_size: int = 1, *, num_he
         if value % n:
             raise ValueError(
                 f"{name}={value} cannot be split {n} ways (tensor_parallel_size={tp}, "
-                f"expert_parallel_size={ep}); choose sizes whose split divides it"
+                f"expert_parallel_size={ep}); choose sizes whose split divides it "
+                f"(splits of up to 64 that do: {_divisors(value, 64)})"
             )
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+def _divisors(n: int, up_to: int | None = None) -> str:
+    return ", ".join(str(d) for d in range(1, min(n, up_to or n) + 1) if n % d == 0)

@@ -104,6 +104,8 @@ EXTRA_ARCHS = {
                                                 tie_word_embeddings=True)),
     "llama_vocab32001_mqa": ("LlamaConfig", dict(TINY, vocab_size=32001, num_attention_heads=4,
                                                  num_key_value_heads=1)),
+    "mixtral_vocab333": ("MixtralConfig", dict(TINY, vocab_size=333, num_attention_heads=8, num_key_value_heads=2,
+                                               num_local_experts=4, num_experts_per_tok=2)),
 }
 
 

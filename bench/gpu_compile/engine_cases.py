@@ -118,4 +118,6 @@ def engine_cases(layers: int | None = None) -> list[CompileCase]:
         step(model, "decode", 8, quick=True)
         step(model, "mixed", 512)
     step("gemma-2-9b", "decode", 8, 2)
+    step("phi-3-mini", "decode", 8)  # sliding window 2047 over the whole plan's context
+    step("phi-3-mini", "mixed", 512)
     return out

@@ -54,6 +54,7 @@ CASES = {
     "qwen2_vocab389_tied-tp4": ("qwen2_vocab389_tied", 4, 1, "xla"),
     "llama_vocab32001_mqa-tp2": ("llama_vocab32001_mqa", 2, 1, "xla"),
     "llama_vocab32001_mqa-tp4": ("llama_vocab32001_mqa", 4, 1, "xla"),
+    "mixtral_vocab333-ep2-tp4": ("mixtral_vocab333", 4, 2, "xla"),  # an expert-parallel mesh pads the same way
 }
 BIG = ("qwen2.5-7b", 4)  # preset lowered abstractly (nothing materialised) with a 4-device mesh
 PROMPT_LENGTHS = (23, 40, 5)
@@ -292,14 +293,15 @@ def test_kv_heads_replicated_when_fewer_than_devices(sharded):
 
 
 def test_odd_vocabularies_are_padded_to_an_even_split(sharded):
-    """333 and 389 at TP 2 and 4 and 32001 at TP 2 and 4: padded to the next multiple of 64, each device holding an
-    equal share of the embedding / LM head rows (the logits equal the one-device model's, above: the padding
-    is never seen); 256 divides evenly and is not padded."""
+    """333 and 389 at TP 2 and 4, 32001 at TP 2 and 4, 333 on a 2 x 2 expert x tensor mesh: padded to the next
+    multiple of 64, each device holding an equal share of the embedding / LM head rows (the logits equal the
+    one-device model's, above: the padding is never seen); 256 divides evenly and is not padded."""
     cases = sharded[0]["cases"]
     expected = {"llama_vocab333-tp2": (51, [64, 192]), "llama_vocab333-tp4": (51, [64, 96]),
                 "llama_vocab333-tp2-int8-head": (51, [192, 64]),  # qweight [vocab, hidden]
                 "qwen2_vocab389_tied-tp2": (59, [224, 64]), "qwen2_vocab389_tied-tp4": (59, [112, 64]),
-                "llama_vocab32001_mqa-tp2": (63, [64, 16032]), "llama_vocab32001_mqa-tp4": (63, [64, 8016])}
+                "llama_vocab32001_mqa-tp2": (63, [64, 16032]), "llama_vocab32001_mqa-tp4": (63, [64, 8016]),
+                "mixtral_vocab333-ep2-tp4": (51, [64, 96])}
     for case, (padding, shard) in expected.items():
         assert (cases[case]["vocab_padding"], cases[case]["head_shard_shape"]) == (padding, shard), case
     assert cases["llama_gqa-tp4"]["vocab_padding"] == 0
