@@ -52,3 +52,13 @@ def test_partial_rotary_is_refused_clearly():
              num_hidden_layers=1, num_attention_heads=2, partial_rotary_factor=0.75)
     with pytest.raises(NotImplementedError, match="partial_rotary_factor=0.75"):
         ModelConfig.from_hf_dict(d)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_config_survives_conversion(name, hf_checkpoints):
+    """``jaxinfer convert`` writes ``ModelConfig.to_hf_dict()`` as the new config.json: read back, it is the same
+    config (layer types, soft-caps, local RoPE base, longrope factors included)."""
+    from jaxinfer.config.model import ModelConfig
+
+    cfg = ModelConfig.from_pretrained(hf_checkpoints[name])
+    assert ModelConfig.from_hf_dict(cfg.to_hf_dict()) == cfg

@@ -226,8 +226,7 @@ class ModelConfig:
                                       f"{rope_params.get('partial_rotary_factor', d.get('partial_rotary_factor'))}, "
                                       "e.g. Phi-4-mini) are not supported")
         window = _parse_sliding_window(d, family)
-        eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        eos_ids = _eos_token_ids(d)
         if family == "qwen2_moe":
             attention_bias = bool(d.get("qkv_bias", True))
         else:
@@ -278,7 +277,6 @@ class ModelConfig:
         scaling = d.get("rope_scaling") or (rope if rope.get("rope_type") else None)
         if d.get("use_bidirectional_attention"):
             raise NotImplementedError(f"{family} with use_bidirectional_attention=True (an encoder) is not supported")
-        eos = d.get("eos_token_id")
         num_heads, hidden = int(d["num_attention_heads"]), int(d["hidden_size"])
         window = d.get("sliding_window")
         softcap = lambda key: None if d.get(key) is None else float(d[key])
@@ -295,7 +293,7 @@ class ModelConfig:
             layer_types=tuple(layer_types) if window is not None else (),
             hidden_act=d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh",
             bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
+            eos_token_ids=_eos_token_ids(d),
             norm_offset=1.0, embed_multiplier=hidden**0.5, sandwich_norms=True,
             query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)),
             attn_logit_softcapping=softcap("attn_logit_softcapping"),
@@ -367,6 +365,12 @@ class ModelConfig:
             d["use_sliding_window"] = True
             d["max_window_layers"] = 0
         return d
+
+
+def _eos_token_ids(d: dict[str, Any]) -> tuple[int, ...]:
+    """``eos_token_id`` of a config dict (one id, a list, or absent) as a tuple."""
+    eos = d.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
 
 
 def _parse_longrope(scaling: dict[str, Any], max_position_embeddings: int | None) -> RopeScaling:

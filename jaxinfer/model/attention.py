@@ -65,8 +65,8 @@ def _normalise(denom, acc):
 
 
 def soft_cap_scores(scores, soft_cap):
-    """Gemma 2's attention logit soft-capping, ``cap * tanh(scores / cap)`` (scores already scaled); None:
-    unchanged."""
+    """Gemma 2's logit soft-capping, ``cap * tanh(scores / cap)``: of the scaled attention scores, and (by
+    ``model.decoder``) of the final logits; None: unchanged."""
     return scores if soft_cap is None else soft_cap * jnp.tanh(scores / soft_cap)
 
 

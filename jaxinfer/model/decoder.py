@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.config.model import ModelConfig, rope_inv_freq
+from jaxinfer.model.attention import soft_cap_scores
 from jaxinfer.model.fused_qkv import qkv_projection
 from jaxinfer.model.kv_cache import KVCache, write_kv
 from jaxinfer.model.linear import linear
@@ -37,11 +38,6 @@ def rms_norm(x, weight, eps, offset: float = 0.0):
     if offset:
         return (x32 * (offset + weight.astype(jnp.float32))).astype(x.dtype)
     return weight * x32.astype(x.dtype)
-
-
-def soft_cap(x, cap):
-    """``cap * tanh(x / cap)`` (Gemma 2's logit soft-capping); None: unchanged."""
-    return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def activation(name: str):
@@ -135,7 +131,7 @@ def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_
             logits = linear(x, params["lm_head"], out_dtype=jnp.float32)
         else:  # tied: the embedding table transposed
             logits = jnp.dot(x, params["embed"].T, preferred_element_type=jnp.float32)
-        logits = soft_cap(logits, cfg.final_logit_softcapping)
+        logits = soft_cap_scores(logits, cfg.final_logit_softcapping)
         if cfg.vocab_padding:  # the rows a vocabulary-parallel split padded on: never sampled, never seen
             if gather_logits is not None:
                 logits = gather_logits(logits)
