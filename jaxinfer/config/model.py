@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Any
+
+from jaxinfer.config.rope import RopeScaling, parse_rope_scaling, rope_inv_freq  # noqa: F401 (re-exported)
 
 # HF `architectures[0]` -> our family name. Anything else is refused by name.
 SUPPORTED_ARCHITECTURES = {
@@ -31,27 +32,6 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
 ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh")  # the last two: GELU, tanh approximation
-
-SUPPORTED_ROPE_SCALING = ("default", "llama3", "linear", "longrope", "su")  # "su": Phi-3's old name for longrope
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeScaling:
-    """RoPE frequency scaling. ``rope_type`` is "llama3", "linear" or "longrope" (plain RoPE has no RopeScaling).
-
-    longrope (Phi-3): per-frequency divisors ``short_factor`` (contexts up to
-    ``original_max_position_embeddings``) and ``long_factor`` (beyond), and cos / sin multiplied by
-    ``attention_factor``. Only the short factors are implemented: the engine caps ``max_model_len`` there."""
-
-    rope_type: str
-    factor: float
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    short_factor: tuple[float, ...] = ()
-    long_factor: tuple[float, ...] = ()
-    attention_factor: float = 1.0
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -220,7 +200,7 @@ class ModelConfig:
         scaling = d.get("rope_scaling") or (rope_params if rope_params.get("rope_type") else None)
         if scaling and "original_max_position_embeddings" in d:  # Phi-3 keeps it beside the scaling dict
             scaling = {"original_max_position_embeddings": d["original_max_position_embeddings"], **scaling}
-        rope_scaling = _parse_rope_scaling(scaling, d.get("max_position_embeddings"))
+        rope_scaling = parse_rope_scaling(scaling, d.get("max_position_embeddings"))
         if float(rope_params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))) != 1.0:
             raise NotImplementedError(f"{family}: partial rotary embeddings (partial_rotary_factor="
                                       f"{rope_params.get('partial_rotary_factor', d.get('partial_rotary_factor'))}, "
@@ -285,7 +265,7 @@ class ModelConfig:
             intermediate_size=int(d["intermediate_size"]), num_layers=num_layers, num_heads=num_heads,
             num_kv_heads=int(d.get("num_key_value_heads") or num_heads),
             head_dim=int(d.get("head_dim") or hidden // num_heads), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta, rope_scaling=_parse_rope_scaling(scaling),
+            rope_theta=rope_theta, rope_scaling=parse_rope_scaling(scaling),
             max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
             attention_bias=bool(d.get("attention_bias", False)), qk_norm=family == "gemma3_text",
@@ -350,16 +330,13 @@ class ModelConfig:
             if self.architecture == "gemma3_text":
                 full = {"rope_type": "default", "rope_theta": self.rope_theta}
                 if self.rope_scaling is not None:
-                    full.update(dataclasses.asdict(self.rope_scaling))
+                    full.update(self.rope_scaling.to_hf())
                 d.pop("rope_theta")
                 d["rope_parameters"] = {FULL: full, SLIDING: {"rope_type": "default",
                                                               "rope_theta": self.rope_local_theta}}
                 return d
         if self.rope_scaling is not None:
-            d["rope_scaling"] = dataclasses.asdict(self.rope_scaling)
-            if self.rope_scaling.rope_type == "longrope":
-                for key in ("low_freq_factor", "high_freq_factor"):
-                    d["rope_scaling"].pop(key)
+            d["rope_scaling"] = self.rope_scaling.to_hf()
         if self.sliding_window is not None and self.architecture not in GEMMA_FAMILIES:
             d["sliding_window"] = self.sliding_window
             d["use_sliding_window"] = True
@@ -371,42 +348,6 @@ def _eos_token_ids(d: dict[str, Any]) -> tuple[int, ...]:
     """``eos_token_id`` of a config dict (one id, a list, or absent) as a tuple."""
     eos = d.get("eos_token_id")
     return tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-
-
-def _parse_longrope(scaling: dict[str, Any], max_position_embeddings: int | None) -> RopeScaling:
-    """Phi-3's longrope: the factor is the context extension, the attention factor HF's default from it."""
-    original = int(scaling.get("original_max_position_embeddings") or 4096)
-    factor = scaling.get("factor")
-    if factor is None:
-        factor = (max_position_embeddings or original) / original
-    attention = scaling.get("attention_factor")
-    if attention is None:
-        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    return RopeScaling(rope_type="longrope", factor=float(factor), original_max_position_embeddings=original,
-                       short_factor=tuple(float(x) for x in scaling["short_factor"]),
-                       long_factor=tuple(float(x) for x in scaling["long_factor"]), attention_factor=float(attention))
-
-
-def _parse_rope_scaling(scaling: dict[str, Any] | None, max_position_embeddings: int | None = None
-                        ) -> RopeScaling | None:
-    if not scaling:
-        return None
-    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type not in SUPPORTED_ROPE_SCALING:
-        raise NotImplementedError(
-            f"rope scaling type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_SCALING}"
-        )
-    if rope_type == "default":
-        return None
-    if rope_type in ("longrope", "su"):
-        return _parse_longrope(scaling, max_position_embeddings)
-    return RopeScaling(
-        rope_type=rope_type,
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)),
-    )
 
 
 def _parse_moe(d: dict[str, Any], family: str) -> dict[str, Any]:
@@ -455,34 +396,3 @@ def _parse_sliding_window(d: dict[str, Any], family: str) -> int | None:
                 "(only all layers or none)"
             )
     return int(window)
-
-
-def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> "list[float]":
-    """Inverse RoPE frequencies (length head_dim // 2), with llama3 / linear scaling applied. ``local``: those of
-    Gemma 3's sliding-window layers (base ``cfg.rope_local_theta``, never scaled)."""
-    dim = cfg.head_dim
-    base = cfg.rope_local_theta if local else cfg.rope_theta
-    inv = [1.0 / (base ** (2 * i / dim)) for i in range(dim // 2)]
-    s = None if local else cfg.rope_scaling
-    if s is None:
-        return inv
-    if s.rope_type == "longrope":  # the short factors: contexts up to original_max_position_embeddings
-        return [f / e for f, e in zip(inv, s.short_factor)]
-    if s.rope_type == "linear":
-        return [f / s.factor for f in inv]
-    # llama3: keep high frequencies, divide low ones by `factor`, interpolate smoothly between.
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    out = []
-    for f in inv:
-        wavelen = 2 * math.pi / f
-        if wavelen < high_wavelen:
-            out.append(f)
-        elif wavelen > low_wavelen:
-            out.append(f / s.factor)
-        else:
-            smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-                s.high_freq_factor - s.low_freq_factor
-            )
-            out.append((1 - smooth) * f / s.factor + smooth * f)
-    return out
