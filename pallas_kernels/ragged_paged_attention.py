@@ -13,6 +13,8 @@ already in the cache), so query ``i`` sits at position ``kv_lens[s] - q_len + i`
 at ``k_cache[block_tables[s, j // BS], j % BS]``. Query head ``h`` reads kv head ``h // G`` with
 ``G = Hq // Hkv``. The caches share q's dtype, or are float8_e4m3fn (an fp8 KV cache: each key and
 value is widened to q's dtype as it is loaded; scales are the caller's, folded into q and the output).
+Optional: ``soft_cap`` (Gemma 2: scores ``cap * tanh(s / cap)``) and ``sinks [Hq]`` (GPT-OSS: one more logit
+per head in each softmax's denominator, weighting no value; the online softmax starts from it in split 0).
 
 Grid and work list
 ------------------
@@ -106,6 +108,7 @@ class _KernelConfig:
     soft_cap: float | None  # Gemma 2's cap * tanh(score / cap) on the scaled scores; None: off
     precise_dots: bool  # float32 inputs: IEEE dots, not TF32
     fp8_cache: bool = False  # K/V stored float8_e4m3fn (their per-layer scales are folded in by the caller)
+    sinks: bool = False  # a [Hq] float32 input: GPT-OSS's per-head logit in every softmax's denominator
 
     @property
     def group(self) -> int:
@@ -130,7 +133,8 @@ class _KernelConfig:
 
 
 def _attention_kernel(work_ref, cu_q_lens_ref, kv_lens_ref, block_tables_ref, q_ref, k_ref, v_ref,
-                      *out_refs, cfg: _KernelConfig):
+                      *refs, cfg: _KernelConfig):
+    sinks_ref, out_refs = (refs[0], refs[1:]) if cfg.sinks else (None, refs)
     tile, kv_head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     seq, first_row, num_rows, first_query = (work_ref[tile, i] for i in range(4))
 
@@ -165,6 +169,16 @@ def _attention_kernel(work_ref, cu_q_lens_ref, kv_lens_ref, block_tables_ref, q_
         return (jnp.zeros((cfg.rows, cfg.head_dim_padded), jnp.float32),
                 jnp.full((cfg.rows,), _RUNNING_MAX_INIT, jnp.float32),
                 jnp.zeros((cfg.rows,), jnp.float32))
+
+    def with_sink(state):
+        """The sink (GPT-OSS) as the softmax's first term: max = sink, sum = exp(0); in split 0 only, so the
+        merged denominator counts it once."""
+        if not cfg.sinks:
+            return state
+        sink = plt.load(sinks_ref.at[q_head[:, 0]], mask=row_valid, other=0.0).astype(jnp.float32)
+        acc, running_max, running_sum = state
+        first = split == 0
+        return acc, jnp.where(first, sink, running_max), jnp.where(first, 1.0, running_sum)
 
     @pl.when(seq < 0)  # a zero tile: padding rows of q
     def _():
@@ -221,7 +235,7 @@ def _attention_kernel(work_ref, cu_q_lens_ref, kv_lens_ref, block_tables_ref, q_
                 preferred_element_type=jnp.float32)
             return acc, new_max, running_sum
 
-        store(*jax.lax.fori_loop(split_lo, split_hi, kv_step, initial_state()))
+        store(*jax.lax.fori_loop(split_lo, split_hi, kv_step, with_sink(initial_state())))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,7 +270,7 @@ def _combine_splits(acc, running_max, running_sum, dtype):
     return out.astype(dtype)
 
 
-def _ragged_paged_attention_call(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *,
+def _ragged_paged_attention_call(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sinks=None, *,
                                  cfg: _KernelConfig, num_warps: int, num_stages: int,
                                  interpret: bool):
     num_seqs = kv_lens.shape[0]
@@ -277,7 +291,7 @@ def _ragged_paged_attention_call(q, k_cache, v_cache, block_tables, cu_q_lens, k
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="ragged_paged_attention",
-    )(work, cu_q_lens, kv_lens, block_tables, q, k_cache, v_cache)
+    )(work, cu_q_lens, kv_lens, block_tables, q, k_cache, v_cache, *(() if sinks is None else (sinks,)))
     if cfg.num_kv_splits == 1:
         return outs
     return _combine_splits(*outs, q.dtype)
@@ -328,7 +342,8 @@ def default_num_kv_splits(num_tokens: int, num_seqs: int, num_kv_heads: int, max
                       max_context // _MIN_KEYS_PER_SPLIT))
 
 
-def _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window, soft_cap=None):
+def _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window, soft_cap=None,
+              sinks=None):
     if q.ndim != 3:
         raise ValueError(f"q must be [T, Hq, D], got shape {q.shape}")
     if k_cache.ndim != 4:
@@ -368,6 +383,8 @@ def _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, s
         raise ValueError(f"sliding_window must be None or a positive int, got {sliding_window!r}")
     if soft_cap is not None and (not isinstance(soft_cap, (int, float)) or not soft_cap > 0):
         raise ValueError(f"soft_cap must be None or a positive Python float, got {soft_cap!r}")
+    if sinks is not None and (sinks.shape != (hq,) or not jnp.issubdtype(sinks.dtype, jnp.floating)):
+        raise ValueError(f"sinks must be a float array of shape [Hq] = ({hq},), got {sinks.shape} {sinks.dtype}")
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -375,7 +392,7 @@ def _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, s
     "num_warps", "num_stages"))
 def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *,
                            sm_scale: float, sliding_window: int | None = None, soft_cap: float | None = None,
-                           interpret: bool | None = None, block_q: int | None = None,
+                           sinks: jax.Array | None = None, interpret: bool | None = None, block_q: int | None = None,
                            kv_pages_per_step: int | None = None, num_kv_splits: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None):
     """Attention of ragged query batches over a paged KV cache (see the module docstring).
@@ -386,7 +403,7 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
     ``interpret=None`` interprets the kernel unless the default backend is a GPU.
     Returns ``[T, Hq, D]`` in q's dtype.
     """
-    _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window, soft_cap)
+    _validate(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale, sliding_window, soft_cap, sinks)
     t, hq, d = q.shape
     num_blocks, bs, hkv, _ = k_cache.shape
     s, mb = block_tables.shape
@@ -417,10 +434,11 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
         block_size=bs, block_q=block_q, block_kv=kv_pages_per_step * bs,
         num_kv_splits=num_kv_splits, sm_scale=float(sm_scale), sliding_window=sliding_window,
         soft_cap=None if soft_cap is None else float(soft_cap), precise_dots=jnp.dtype(q.dtype) == jnp.float32,
-        fp8_cache=jnp.dtype(k_cache.dtype) == _FP8_CACHE_DTYPE)
+        fp8_cache=jnp.dtype(k_cache.dtype) == _FP8_CACHE_DTYPE, sinks=sinks is not None)
     as_i32 = lambda x: x.astype(jnp.int32)
     return _ragged_paged_attention_call(
-        q, k_cache, v_cache, as_i32(block_tables), as_i32(cu_q_lens), as_i32(kv_lens), cfg=cfg,
+        q, k_cache, v_cache, as_i32(block_tables), as_i32(cu_q_lens), as_i32(kv_lens),
+        None if sinks is None else sinks.astype(jnp.float32), cfg=cfg,
         num_warps=num_warps, num_stages=num_stages, interpret=interpret)
 
 
@@ -432,8 +450,9 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap"))
 def ragged_paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *,
                                      sm_scale: float, sliding_window: int | None = None,
-                                     soft_cap: float | None = None):
-    """Same contract as ``ragged_paged_attention``: dense masked softmax, one sequence at a time.
+                                     soft_cap: float | None = None, sinks: jax.Array | None = None):
+    """Same contract as ``ragged_paged_attention``: dense masked softmax, one sequence at a time (with
+    ``sinks``: one more logit per head in the softmax, whose probability multiplies no value).
 
     For each sequence slot it gathers all ``MB * BS`` key slots named by its block table, then masks
     explicitly: which query rows are its own, which keys are live (``< kv_len``), causality and the
@@ -463,7 +482,12 @@ def ragged_paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q_len
         scores = jnp.einsum("thd,khd->htk", q.astype(jnp.float32), k, precision=hi) * sm_scale
         if soft_cap is not None:
             scores = soft_cap * jnp.tanh(scores / soft_cap)
-        probs = jax.nn.softmax(jnp.where(visible[None], scores, -jnp.inf), axis=-1)
+        scores = jnp.where(visible[None], scores, -jnp.inf)
+        if sinks is None:
+            probs = jax.nn.softmax(scores, axis=-1)
+        else:
+            sink = jnp.broadcast_to(sinks.astype(jnp.float32)[:, None, None], (*scores.shape[:2], 1))
+            probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
         seq_out = jnp.einsum("htk,khd->thd", probs, v, precision=hi)
         out = jnp.where(own_row[:, None, None], seq_out, out)  # rows of other sequences: NaN-free
     return out.astype(q.dtype)

@@ -22,20 +22,25 @@ from collections.abc import Callable, Mapping
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sharding.mesh import ALL_DEVICES, EXPERT
+from sharding.mesh import ALL_DEVICES, EXPERT, TENSOR
 from sharding.rules import HEADS_ACTIVATION_AXES, KV_CACHE_AXES, partition_spec
 
 
 def shard_attention(attn_fn, mesh: Mesh):
-    """``attn_fn`` (``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)``) per device."""
+    """``attn_fn`` (``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)``) per device; a
+    ``sinks`` option ([Hq], GPT-OSS) is split with the query heads, the other options are static."""
     if mesh.size == 1:
         return attn_fn
     heads, cache, rep = partition_spec(HEADS_ACTIVATION_AXES), partition_spec(KV_CACHE_AXES), PartitionSpec()
+    head_vector = partition_spec(HEADS_ACTIVATION_AXES[1:2])
 
-    def sharded(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, **layer_options):
-        local = jax.shard_map(functools.partial(attn_fn, sm_scale=sm_scale, **layer_options), mesh=mesh,
-                              in_specs=(heads, cache, cache, rep, rep, rep), out_specs=heads, check_vma=False)
-        return local(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens)
+    def sharded(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, sinks=None, **layer_options):
+        fn = functools.partial(attn_fn, sm_scale=sm_scale, **layer_options)
+        args, specs = (q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens), (heads, cache, cache, rep, rep, rep)
+        if sinks is not None:
+            fn = lambda *a, f=fn: f(*a[:-1], sinks=a[-1])  # noqa: E731
+            args, specs = (*args, sinks), (*specs, head_vector)
+        return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=heads, check_vma=False)(*args)
 
     return sharded
 
@@ -51,20 +56,24 @@ def replicate(mesh: Mesh):
 def shard_moe(block_fn: Callable, mesh: Mesh, param_axes: Mapping[str, tuple], experts_per_device: int):
     """``fn(params, x, valid)``: ``block_fn`` on each device's shards, summed over the mesh (see module doc).
 
-    ``block_fn(params, x, valid, expert_offset)`` returns one device's partial output: ``params`` holds that
-    device's shards of the arrays named in ``param_axes`` (key -> logical axes of that array), of which the
-    experts are the global ones ``expert_offset .. expert_offset + experts_per_device - 1``. ``params`` given
+    ``block_fn(params, x, valid, expert_offset, tensor_rank)`` returns one device's partial output: ``params``
+    holds that device's shards of the arrays named in ``param_axes`` (key -> logical axes of that array), of
+    which the experts are the global ones ``expert_offset .. expert_offset + experts_per_device - 1``;
+    ``tensor_rank`` is the device's index along the tensor axis (which splits those experts' FFN: a term every
+    such device would compute whole, an expert's output bias, is added by rank 0 only). ``params`` given
     to ``fn`` may hold more keys; only ``param_axes``' go in. ``x`` and ``valid`` are replicated, and so is
     the result."""
     keys = tuple(param_axes)
     if mesh.size == 1:  # nothing to split: no shard_map, no (trivial) all-reduce
-        return lambda params, x, valid: block_fn({k: params[k] for k in keys}, x, valid, expert_offset=0)
+        return lambda params, x, valid: block_fn({k: params[k] for k in keys}, x, valid, expert_offset=0,
+                                                 tensor_rank=0)
     specs = {k: partition_spec(param_axes[k]) for k in keys}
     rep = PartitionSpec()
 
     def local(params, x, valid):
         offset = jax.lax.axis_index(EXPERT) * experts_per_device
-        return jax.lax.psum(block_fn(params, x, valid, expert_offset=offset), ALL_DEVICES)
+        rank = jax.lax.axis_index(TENSOR)
+        return jax.lax.psum(block_fn(params, x, valid, expert_offset=offset, tensor_rank=rank), ALL_DEVICES)
 
     def sharded(params, x, valid):
         sub = {k: params[k] for k in keys}

@@ -93,6 +93,17 @@ ARCHS = {
                                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                                  "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
                                                  "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0]})),
+    # GPT-OSS: attention sinks (perturbed to bite: HF initialises them small), q/k/v/o biases, a sliding layer
+    # (window 8) then a full one, YaRN (x8 over 64 positions, untruncated), top-2 of 4 experts by a biased
+    # router with the softmax over the chosen two, expert biases (HF initialises them to 0: perturbed) and the
+    # clamped SwiGLU with a limit low enough to clamp; odd vocabulary.
+    "gpt_oss": ("GptOssConfig", dict(TINY, vocab_size=257, intermediate_size=32, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                     sliding_window=8, swiglu_limit=0.6,
+                                     rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
+                                                      "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                                      "original_max_position_embeddings": 64},
+                                     _perturb={"bias": 0.2, "sinks": 1.0})),
 }
 # Built on demand by the tests that need them (not by the session fixture): a dense model with 8 query heads
 # and 2 KV heads, for tensor parallelism over 8 devices.
@@ -346,16 +357,20 @@ def _write_random_checkpoint(config_class, config_kwargs, path, seed=0, dtype=No
 
     config_kwargs = dict(config_kwargs)
     perturb_norms = config_kwargs.pop("_perturb_norms", 0.0)  # std of noise added to every norm's weight
+    perturb = dict(config_kwargs.pop("_perturb", {}))  # name suffix -> std of noise added to those params
+    if perturb_norms:
+        perturb["norm.weight"] = perturb_norms
     config = getattr(transformers, config_class)(**config_kwargs)
     if seed is not None:
         torch.manual_seed(seed)
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
-    if perturb_norms:
+    if perturb:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.add_(torch.randn_like(p) * perturb_norms)
+                for suffix, std in perturb.items():
+                    if name.endswith(suffix):
+                        p.add_(torch.randn_like(p) * std)
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
     save_kwargs = {"safe_serialization": True}

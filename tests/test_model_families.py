@@ -1,4 +1,4 @@
-"""The model families beyond Llama / Qwen (Gemma 2, Gemma 3, Phi-3) through the engine, against HF transformers:
+"""The model families beyond Llama / Qwen (Gemma 2, Gemma 3, Phi-3, GPT-OSS) through the engine, against HF transformers:
 greedy tokens and logprobs with prefix caching and chunked prefill on, on the XLA loops and the C++ CPU
 kernels (the Pallas backend: ``test_pallas_backend``; tensor parallelism: ``tests/sharding``; plain prefill
 logits and 32 greedy tokens: ``test_hf_parity``)."""
@@ -11,12 +11,12 @@ import pytest
 from jaxinfer import LLM, SamplingParams
 from tests import hf_oracle
 
-FAMILIES = ["gemma2", "gemma3", "phi3"]
+FAMILIES = ["gemma2", "gemma3", "phi3", "gpt_oss"]
 
 
 def _prompts():
     rng = np.random.default_rng(21)
-    shared = rng.integers(0, 256, size=35).tolist()  # 2 full blocks shared; past the windows (10, 12, 20)
+    shared = rng.integers(0, 256, size=35).tolist()  # 2 full blocks shared; past the windows (8 to 20)
     return [shared + [7, 9], shared + [3], rng.integers(0, 256, size=50).tolist()]
 
 
@@ -62,3 +62,15 @@ def test_config_survives_conversion(name, hf_checkpoints):
 
     cfg = ModelConfig.from_pretrained(hf_checkpoints[name])
     assert ModelConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+
+
+def test_gpt_oss_mxfp4_checkpoint_is_refused_clearly(hf_checkpoints):
+    """The published GPT-OSS checkpoints are MXFP4: refused by name, with the way to a bf16 checkpoint."""
+    import json
+
+    from jaxinfer.config.model import ModelConfig
+
+    d = json.loads((hf_checkpoints["gpt_oss"] / "config.json").read_text())
+    d["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    with pytest.raises(NotImplementedError, match=r"MXFP4 .*Mxfp4Config\(dequantize=True\)"):
+        ModelConfig.from_hf_dict(d)

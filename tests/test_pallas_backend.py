@@ -9,7 +9,8 @@ from jaxinfer import LLM, SamplingParams
 from tests import hf_oracle
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_head_dim", "mistral_window", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_head_dim", "mistral_window", "gemma2", "gemma3", "phi3",
+                                  "gpt_oss"])
 def test_pallas_backend_matches_hf(name, hf_checkpoints, hf_models):
     llm = LLM(compilation="lazy", model=str(hf_checkpoints[name]), max_model_len=96, num_kv_blocks=32, max_num_seqs=4,
               attention_backend="pallas", max_num_batched_tokens=32)

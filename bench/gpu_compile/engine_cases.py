@@ -120,4 +120,8 @@ def engine_cases(layers: int | None = None) -> list[CompileCase]:
     step("gemma-2-9b", "decode", 8, 2)
     step("phi-3-mini", "decode", 8)  # sliding window 2047 over the whole plan's context
     step("phi-3-mini", "mixed", 512)
+    # attention sinks in the kernel, the biased router and experts, the clamped SwiGLU; sliding / full layers
+    step("gpt-oss-20b", "decode", 8, quick=True)
+    step("gpt-oss-20b", "mixed", 512)
+    step("gpt-oss-20b", "decode", 8, 2)
     return out

@@ -27,8 +27,9 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
     "Phi3ForCausalLM": "phi3",
+    "GptOssForCausalLM": "gpt_oss",
 }
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
 ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh")  # the last two: GELU, tanh approximation
@@ -78,6 +79,16 @@ class ModelConfig:
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     rope_local_theta: float | None = None
+    # GPT-OSS: a learned per-head logit in every attention softmax's denominator (``sinks``), a bias on o_proj;
+    # a router with a bias whose softmax runs over the chosen top-k logits only; experts with biases and the
+    # clamped SwiGLU ``(clip(up, -l, l) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, l)``.
+    attention_sinks: bool = False
+    attention_out_bias: bool = False
+    router_bias: bool = False
+    router_topk_softmax: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None  # None: the plain SwiGLU silu(gate) * up
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -150,7 +161,10 @@ class ModelConfig:
     @property
     def expert_params(self) -> int:
         """Parameters of one routed expert in one layer (gate, up and down projections); 0 if dense."""
-        return 3 * self.hidden_size * self.moe_intermediate_size if self.is_moe else 0
+        if not self.is_moe:
+            return 0
+        biases = (2 * self.moe_intermediate_size + self.hidden_size) if self.expert_bias else 0
+        return 3 * self.hidden_size * self.moe_intermediate_size + biases
 
     @property
     def num_params(self) -> int:
@@ -159,10 +173,11 @@ class ModelConfig:
         attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
+        attn += h * self.attention_out_bias + self.num_heads * self.attention_sinks
         if self.qk_norm:
             attn += 2 * self.head_dim
         if self.is_moe:
-            mlp = h * self.num_experts + self.num_experts * self.expert_params  # router + experts
+            mlp = (h + self.router_bias) * self.num_experts + self.num_experts * self.expert_params  # router + experts
             if self.shared_expert_intermediate_size:
                 mlp += 3 * h * self.shared_expert_intermediate_size + h  # shared expert + its sigmoid gate
         else:
@@ -209,6 +224,8 @@ class ModelConfig:
         eos_ids = _eos_token_ids(d)
         if family == "qwen2_moe":
             attention_bias = bool(d.get("qkv_bias", True))
+        elif family == "gpt_oss":
+            attention_bias = bool(d.get("attention_bias", True))
         else:
             attention_bias = family == "qwen2" or bool(d.get("attention_bias", False))
         return cls(
@@ -232,6 +249,7 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             **_parse_moe(d, family),
+            **(_parse_gpt_oss(d) if family == "gpt_oss" else {}),
         )
 
     @classmethod
@@ -310,7 +328,7 @@ class ModelConfig:
         }
         if self.architecture in ("llama", "qwen3_moe"):
             d["attention_bias"] = self.attention_bias
-        if self.architecture == "mixtral":
+        if self.architecture in ("mixtral", "gpt_oss"):
             d["num_local_experts"] = self.num_experts
             d["num_experts_per_tok"] = self.num_experts_per_tok
             d["intermediate_size"] = self.moe_intermediate_size
@@ -335,6 +353,13 @@ class ModelConfig:
                 d["rope_parameters"] = {FULL: full, SLIDING: {"rope_type": "default",
                                                               "rope_theta": self.rope_local_theta}}
                 return d
+        if self.architecture == "gpt_oss":
+            d.update(attention_bias=self.attention_bias, swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha,
+                     sliding_window=self.sliding_window, layer_types=list(self.layer_types) or None)
+            d["rope_parameters"] = {"rope_type": "default", "rope_theta": d.pop("rope_theta")}
+            if self.rope_scaling is not None:
+                d["rope_parameters"].update(self.rope_scaling.to_hf())
+            return d
         if self.rope_scaling is not None:
             d["rope_scaling"] = self.rope_scaling.to_hf()
         if self.sliding_window is not None and self.architecture not in GEMMA_FAMILIES:
@@ -358,6 +383,9 @@ def _parse_moe(d: dict[str, Any], family: str) -> dict[str, Any]:
     num_experts = d.get("num_local_experts", d.get("num_experts"))
     if num_experts is None:
         raise ValueError(f"a {family} config needs num_experts (or num_local_experts)")
+    if family == "gpt_oss":  # every expert is intermediate_size wide; softmax over the top-k logits
+        return dict(num_experts=int(num_experts), num_experts_per_tok=int(d.get("num_experts_per_tok", 4)),
+                    moe_intermediate_size=int(d["intermediate_size"]))
     if family == "mixtral":  # every expert is intermediate_size wide; top-k weights always renormalised
         return dict(num_experts=int(num_experts), num_experts_per_tok=int(d.get("num_experts_per_tok", 2)),
                     moe_intermediate_size=int(d["intermediate_size"]), norm_topk_prob=True)
@@ -373,6 +401,22 @@ def _parse_moe(d: dict[str, Any], family: str) -> dict[str, Any]:
     return dict(num_experts=int(num_experts), num_experts_per_tok=int(d["num_experts_per_tok"]),
                 moe_intermediate_size=int(d["moe_intermediate_size"]),
                 norm_topk_prob=bool(d.get("norm_topk_prob", False)), shared_expert_intermediate_size=shared)
+
+
+def _parse_gpt_oss(d: dict[str, Any]) -> dict[str, Any]:
+    """GPT-OSS's fields beyond the common ones (its MoE sizes are ``_parse_moe``'s)."""
+    qcfg = d.get("quantization_config") or {}
+    if qcfg.get("quant_method") == "mxfp4":
+        raise NotImplementedError(
+            "gpt_oss: MXFP4 checkpoints (quantization_config.quant_method='mxfp4', e.g. openai/gpt-oss-20b as "
+            "published) are not loaded; dequantize to bf16 first: transformers' AutoModelForCausalLM.from_pretrained("
+            "path, quantization_config=Mxfp4Config(dequantize=True)).save_pretrained(out) (or use a bf16 checkpoint)")
+    num_layers, window = int(d["num_hidden_layers"]), d.get("sliding_window")
+    layer_types = d.get("layer_types") or [SLIDING if (i + 1) % 2 else FULL for i in range(num_layers)]
+    return dict(attention_sinks=True, attention_out_bias=bool(d.get("attention_bias", True)), router_bias=True,
+                router_topk_softmax=True, expert_bias=True, swiglu_limit=float(d.get("swiglu_limit", 7.0)),
+                swiglu_alpha=float(d.get("swiglu_alpha", 1.702)),
+                layer_types=tuple(layer_types) if window is not None else ())
 
 
 def _parse_sliding_window(d: dict[str, Any], family: str) -> int | None:

@@ -289,6 +289,32 @@ _PHI3_MINI = {  # microsoft/Phi-3-mini-4k-instruct
     "eos_token_id": 32000,
 }
 
+_GPT_OSS_20B = {  # openai/gpt-oss-20b, as bf16 weights (the published checkpoint's experts are MXFP4)
+    "architectures": ["GptOssForCausalLM"],
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "attention_bias": True,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 150000.0,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                     "original_max_position_embeddings": 4096},
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "pad_token_id": 199999,
+    "eos_token_id": 200002,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "llama-2-7b": _LLAMA2_7B,
     "llama-3-8b": _LLAMA3_8B,
@@ -305,6 +331,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gemma-2-9b": _GEMMA2_9B,
     "gemma-3-4b": _GEMMA3_4B,
     "phi-3-mini": _PHI3_MINI,
+    "gpt-oss-20b": _GPT_OSS_20B,
 }
 
 

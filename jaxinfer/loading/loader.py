@@ -166,7 +166,7 @@ def load_hf_params(
 
 def _hf_tensor_table(cfg: ModelConfig) -> dict[str, list[tuple[tuple, ParamSpec, int | None]]]:
     """HF tensor name -> [(path of the leaf, its spec, slot in the stacked axis or None)]: one leaf per tensor,
-    or several where a fused tensor is split at load (``ParamSpec.hf_rows``)."""
+    or several where a fused tensor is split at load (``ParamSpec.hf_part``)."""
     table: dict[str, list] = {}
     for path, spec in spec_leaves_with_paths(cfg):
         for name, slot in spec.hf_names():
@@ -176,11 +176,12 @@ def _hf_tensor_table(cfg: ModelConfig) -> dict[str, list[tuple[tuple, ParamSpec,
 
 def _hf_shape(spec: ParamSpec, slot: int | None) -> tuple[int, ...]:
     """The shape HF stores: one slot of a stacked leaf, transposed back where HF stores [out, in]; the whole
-    fused tensor for a spec that is some of its rows."""
-    if spec.hf_rows is not None:
-        return (spec.hf_rows[2], spec.shape[0])
+    fused tensor for a spec that is a part of it (``ParamSpec.hf_part``)."""
     shape = spec.shape[1:] if slot is not None else spec.shape
-    return tuple(reversed(shape)) if spec.transpose else tuple(shape)
+    shape = list(reversed(shape)) if spec.transpose else list(shape)
+    if spec.hf_part is not None:
+        shape[spec.hf_part.axis] = spec.hf_part.size
+    return tuple(shape)
 
 
 def _load(model_dir: str | Path, cfg: ModelConfig, dtype: Any, placer) -> dict[str, Any]:
@@ -219,7 +220,7 @@ def _load(model_dir: str | Path, cfg: ModelConfig, dtype: Any, placer) -> dict[s
                             )
                     tensor = f.get_tensor(name)
                     for path, spec, slot in entries:
-                        arr = tensor if spec.hf_rows is None else tensor[spec.hf_rows[0]:spec.hf_rows[1]]
+                        arr = tensor if spec.hf_part is None else tensor[spec.hf_part.index(tensor.ndim)]
                         if spec.transpose:
                             arr = arr.T
                         arr = np.ascontiguousarray(arr, dtype=target_dtype)

@@ -20,6 +20,10 @@ The static ``query_width`` says which a step needs: ``W >= 1`` promises that no 
 queries (a decode or verification step: the short loop only); ``None`` is a mixed step (single-query slots
 take the short loop, longer runs the query-block loop). Nothing else about the batch is static.
 
+Per layer, optionally: Gemma 2's score soft-capping (``soft_cap``) and GPT-OSS's attention sinks (``sinks``
+[Hq], a learned logit per head in every softmax's denominator: the online softmax starts at max = sink,
+denominator 1); the C++ kernels have neither, so such layers take the loops.
+
 Caches may be float, float8_e4m3fn, or e4m3 bytes typed int8 (an fp8 KV cache on the CPU): ``widen_kv``.
 
 Backends are named by what runs (``BACKENDS``, ``resolve_attention_backend``): "pallas" (the Pallas kernel),
@@ -64,6 +68,15 @@ def _normalise(denom, acc):
     return acc / jnp.where(denom > 0, denom, 1.0)[..., None]
 
 
+def _initial_state(shape, head_dim, sink_rows=None):
+    """(running max, denominator, weighted sum) before any key: empty, or holding the sink, GPT-OSS's learned
+    logit in the denominator (``sink_rows`` broadcastable to ``shape``): max = sink, denominator exp(0) = 1."""
+    acc = jnp.zeros((*shape, head_dim), jnp.float32)
+    if sink_rows is None:
+        return jnp.full(shape, _FINITE_MIN, jnp.float32), jnp.zeros(shape, jnp.float32), acc
+    return jnp.broadcast_to(sink_rows.astype(jnp.float32), shape), jnp.ones(shape, jnp.float32), acc
+
+
 def soft_cap_scores(scores, soft_cap):
     """Gemma 2's logit soft-capping, ``cap * tanh(scores / cap)``: of the scaled attention scores, and (by
     ``model.decoder``) of the final logits; None: unchanged."""
@@ -82,7 +95,7 @@ _DECODE_CHUNK_KEYS = 128  # and at most this many keys per sequence (the last ch
 
 def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens, kv_lens, *, width, sm_scale,
                           sliding_window, chunk_bytes=_DECODE_CHUNK_BYTES, max_chunk_keys=_DECODE_CHUNK_KEYS,
-                          cpu_kernel=None, soft_cap=None):
+                          cpu_kernel=None, soft_cap=None, sinks=None):
     """Attention of sequences with at most ``width`` queries each, the last at position kv_len - 1 (a slot
     with q_len 0 sees nothing): returns [S, width, Hq, D] (float32).
 
@@ -138,9 +151,8 @@ def _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, q_start, q_lens
         scores = jnp.where(valid[:, None], scores, -jnp.inf)
         return _online_softmax_step(carry, scores, lambda probs: jnp.einsum("skgc,sckd->skgd", probs, v))
 
-    init = (jnp.full((num_seqs, num_kv_heads, rows), _FINITE_MIN, jnp.float32),
-            jnp.zeros((num_seqs, num_kv_heads, rows), jnp.float32),
-            jnp.zeros((num_seqs, num_kv_heads, rows, head_dim), jnp.float32))
+    sink_rows = None if sinks is None else jnp.tile(sinks.reshape(num_kv_heads, group), (1, width))  # [Hkv, rows]
+    init = _initial_state((num_seqs, num_kv_heads, rows), head_dim, sink_rows)
     lo = jnp.minimum(first_key // keys, num_chunks)
     hi = jnp.where(last_key >= 0, last_key // keys + 1, 0)
     _, denom, acc = jax.lax.fori_loop(lo, jnp.maximum(hi, lo), visit, init)
@@ -160,7 +172,8 @@ def num_query_blocks(num_tokens: int, num_seqs: int, q_block: int) -> int:
 
 
 def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_lens, kv_lens, *, sm_scale,
-                         sliding_window, q_block=_PREFILL_Q_BLOCK, k_block=_PREFILL_K_BLOCK, soft_cap=None):
+                         sliding_window, q_block=_PREFILL_Q_BLOCK, k_block=_PREFILL_K_BLOCK, soft_cap=None,
+                         sinks=None):
     """Attention of the query runs with more than one query: returns [T, Hq, D] (float32; rows of other
     tokens are garbage for the caller to drop).
 
@@ -184,6 +197,8 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
     block_end = jnp.cumsum(blocks_per_seq)
     block_start = block_end - blocks_per_seq
     max_blocks_total = num_query_blocks(num_tokens, num_seqs, q_block)
+    # rows are (head in group, query): each head's sink repeated for its q_block queries
+    sink_rows = None if sinks is None else jnp.repeat(sinks.reshape(num_kv_heads, group), q_block, axis=1)
 
     def one_block(b, out):
         s = jnp.clip(jnp.searchsorted(block_end, b, side="right"), 0, num_seqs - 1)
@@ -209,8 +224,7 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
             scores = jnp.where(valid[None], scores, -jnp.inf)
             return _online_softmax_step(carry, scores, lambda probs: jnp.einsum("krc,ckd->krd", probs, v))
 
-        init = (jnp.full((num_kv_heads, rows), _FINITE_MIN, jnp.float32), jnp.zeros((num_kv_heads, rows), jnp.float32),
-                jnp.zeros((num_kv_heads, rows, head_dim), jnp.float32))
+        init = _initial_state((num_kv_heads, rows), head_dim, sink_rows)
         _, denom, acc = jax.lax.fori_loop(first_key // keys, last_key // keys + 1, visit, init)
         res = _normalise(denom, acc).reshape(num_kv_heads, group, q_block, head_dim).transpose(2, 0, 1, 3)
         # rows past the block's n queries spill into the next rows, which a later block (or the caller, for
@@ -226,7 +240,7 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
 def xla_ragged_paged_attention(
     q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, query_width=None, sliding_window=None,
     decode_chunk_bytes=_DECODE_CHUNK_BYTES, prefill_q_block=_PREFILL_Q_BLOCK, prefill_k_block=_PREFILL_K_BLOCK,
-    cpu_kernel=None, soft_cap=None,
+    cpu_kernel=None, soft_cap=None, sinks=None,
 ):
     """q_TNH [T, Hq, D]; caches [N, BS, Hkv, D]; block_tables [S, MB]; cu_q_lens [S+1]; kv_lens [S].
     Returns [T, Hq, D] (zeros for padding tokens).
@@ -237,9 +251,10 @@ def xla_ragged_paged_attention(
     ``cpu_kernel``: whether the C++ kernels take the step (None: on the CPU when they are loaded,
     ``cpu_ffi.loaded()``): single queries and short query runs ``cpu_ffi.paged_attention``, longer runs
     ``cpu_ffi.ragged_attention``. ``soft_cap``: Gemma 2's ``cap * tanh(score / cap)`` on the scaled scores
-    (None: off); the C++ kernels do not cap, so a capped call always takes the loops here.
+    (None: off); ``sinks`` [Hq]: GPT-OSS's per-head logit added to every softmax's denominator (None: off). The
+    C++ kernels do neither, so a capped or sinking call always takes the loops here.
     """
-    if soft_cap is not None:
+    if soft_cap is not None or sinks is not None:
         cpu_kernel = False
     num_tokens = q_TNH.shape[0]
     num_seqs = kv_lens.shape[0]
@@ -249,7 +264,7 @@ def xla_ragged_paged_attention(
     idx = t - cu_q_lens[s]
     real = t < cu_q_lens[-1]
     short = dict(sm_scale=sm_scale, sliding_window=sliding_window, chunk_bytes=decode_chunk_bytes,
-                 cpu_kernel=cpu_kernel, soft_cap=soft_cap)
+                 cpu_kernel=cpu_kernel, soft_cap=soft_cap, sinks=sinks)
     if query_width is not None:
         tile = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, cu_q_lens[:-1], q_lens, kv_lens,
                                      width=query_width, **short)
@@ -266,7 +281,7 @@ def xla_ragged_paged_attention(
     else:
         runs = _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_lens, kv_lens,
                                     sm_scale=sm_scale, sliding_window=sliding_window, q_block=prefill_q_block,
-                                    k_block=prefill_k_block, soft_cap=soft_cap)
+                                    k_block=prefill_k_block, soft_cap=soft_cap, sinks=sinks)
     out = jnp.where(single[s][:, None, None], decodes[s, 0], runs)
     return jnp.where(real[:, None, None], out, 0.0).astype(q_TNH.dtype)
 

@@ -1,5 +1,5 @@
-"""The decoder as pure functions over a params pytree (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3; MoE:
-Mixtral, Qwen2-MoE, Qwen3-MoE).
+"""The decoder as pure functions over a params pytree (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3;
+MoE: Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS).
 
 ``forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=...)`` runs one ragged step: it embeds the flat
 tokens, and per layer writes the new keys and values into the paged cache and attends over it, then returns
@@ -84,9 +84,14 @@ def attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelCo
         extra["sliding_window"] = cfg.layer_sliding_window(layer)
     if cfg.attn_logit_softcapping is not None:
         extra["soft_cap"] = cfg.attn_logit_softcapping
+    if cfg.attention_sinks:
+        extra["sinks"] = lp["sinks"]
     out = attn_fn(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens, batch.kv_lens, sm_scale=cfg.attention_scale,
                   **extra)
-    return linear(out.reshape(num_tokens, cfg.q_size), lp["wo"]), (k_cache, v_cache)
+    out = linear(out.reshape(num_tokens, cfg.q_size), lp["wo"])
+    if cfg.attention_out_bias:
+        out = out + lp["bo"]
+    return out, (k_cache, v_cache)
 
 
 def mlp_block(lp, x, act=jax.nn.silu):

@@ -26,6 +26,9 @@ explicit here because it decides the bytes a decode step reads:
   (XLA's grouped GEMM; a real kernel). The GPU threshold is not measured yet: run ``bench/moe.py`` on the
   GPU machine and adjust ``choose_impl``.
 
+GPT-OSS adds a bias to the router's logits and takes the softmax over the chosen k only; its experts carry
+biases and use a clamped SwiGLU (``gated_activation``): both formulations take the biases per pair.
+
 Padding tokens (``valid`` false) are routed nowhere, so they neither cost an expert nor touch one.
 
 Expert parallelism: under ``shard_map`` a device holds ``E_local`` of the experts (leading axis of the
@@ -50,6 +53,8 @@ TILES = "tiles"
 RAGGED_DOT = "ragged_dot"
 IMPLS = ("auto", TILES, RAGGED_DOT)
 MAX_TILE_ROWS = 128
+# a layer's stacked routed-expert arrays (the biases: GPT-OSS), in the order _expert_ffn takes them
+EXPERT_KEYS = ("expert_w_gate", "expert_w_up", "expert_w_down", "expert_b_gate", "expert_b_up", "expert_b_down")
 
 
 def choose_impl(num_pairs: int, num_local_experts: int, platform: str) -> str:
@@ -65,21 +70,50 @@ def tile_rows(num_pairs: int, num_local_experts: int) -> int:
     return min(MAX_TILE_ROWS, 1 << (mean.bit_length() - 1))
 
 
-def route(x, router_w, cfg: ModelConfig, valid):
+def route(x, router_w, cfg: ModelConfig, valid, router_bias=None):
     """Top-k routing in float32: (weights [T, k] float32, expert ids [T, k] int32); padding rows weigh 0.
     The router's logits are accumulated and returned in float32 from the operands as they are (bf16 products
     are exact in float32, so widening x first changes nothing but the GEMM XLA emits: on sm_90 its untuned
-    float32 tiling spilled registers, found by ``jaxinfer-bench gpu-compile``)."""
+    float32 tiling spilled registers, found by ``jaxinfer-bench gpu-compile``). ``router_bias`` [E]: added to
+    the logits (GPT-OSS). ``cfg.router_topk_softmax``: the top-k of the logits, then a softmax over those k
+    (GPT-OSS); else the top-k of the softmax over all experts (renormalised with ``cfg.norm_topk_prob``)."""
     logits = linear(x, router_w, out_dtype=jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)
-    weights, ids = jax.lax.top_k(probs, cfg.num_experts_per_tok)
-    if cfg.norm_topk_prob:
-        weights = weights / weights.sum(axis=-1, keepdims=True)
+    if router_bias is not None:
+        logits = logits + router_bias.astype(jnp.float32)
+    if cfg.router_topk_softmax:
+        top, ids = jax.lax.top_k(logits, cfg.num_experts_per_tok)
+        weights = jax.nn.softmax(top, axis=-1)
+    else:
+        weights, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), cfg.num_experts_per_tok)
+        if cfg.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
     return jnp.where(valid[:, None], weights, 0.0), ids.astype(jnp.int32)
 
 
-def _expert_ffn(x, w_gate, w_up, w_down):
-    return linear(jax.nn.silu(linear(x, w_gate)) * linear(x, w_up), w_down)
+def gated_activation(cfg: ModelConfig):
+    """``glu(gate, up)`` of the experts: SwiGLU ``silu(gate) * up``, or GPT-OSS's clamped one (``swiglu_limit``)."""
+    if cfg.swiglu_limit is None:
+        return swiglu
+    limit, alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+
+    def clamped_swiglu(gate, up):
+        gate = jnp.minimum(gate, limit)
+        up = jnp.clip(up, -limit, limit)
+        return (up + 1) * (gate * jax.nn.sigmoid(gate * alpha))
+
+    return clamped_swiglu
+
+
+def swiglu(gate, up):
+    return jax.nn.silu(gate) * up
+
+
+def _expert_ffn(x, w_gate, w_up, w_down, glu=swiglu, b_gate=None, b_up=None, b_down=None):
+    gate, up = linear(x, w_gate), linear(x, w_up)
+    if b_gate is not None:
+        gate, up = gate + b_gate, up + b_up
+    out = linear(glu(gate, up), w_down)
+    return out if b_down is None else out + b_down
 
 
 def num_experts_of(w) -> int:
@@ -98,7 +132,7 @@ def unstack_experts(params):
     layers = []
     for lp in params["layers"]:
         lp = dict(lp)
-        for k in ("expert_w_gate", "expert_w_up", "expert_w_down"):
+        for k in EXPERT_KEYS:
             if k in lp and not isinstance(lp[k], (list, tuple)):
                 lp[k] = tuple(lp[k][i] for i in range(lp[k].shape[0]))
         layers.append(lp)
@@ -117,9 +151,10 @@ def _sorted_pairs(ids, weights, valid, expert_offset, num_local):
     return expert[order], weights.reshape(-1)[order], (order // k).astype(jnp.int32), counts
 
 
-def _routed_tiles(x, expert, token, counts, w_gate, w_up, w_down):
-    """The sorted pairs through row tiles owned by one expert each (see the module doc): [P, H] outputs."""
-    num_pairs, num_local = expert.shape[0], num_experts_of(w_gate)
+def _routed_tiles(x, expert, token, counts, experts, glu):
+    """The sorted pairs through row tiles owned by one expert each (see the module doc): [P, H] outputs.
+    ``experts``: the ``_expert_ffn`` arrays (w_gate, w_up, w_down, and the biases or None), stacked or tuples."""
+    num_pairs, num_local = expert.shape[0], num_experts_of(experts[0])
     rows = tile_rows(num_pairs, num_local)
     num_tiles = -(-num_pairs // rows) + min(num_pairs, num_local)  # every expert's rows pad to < 1 extra tile
     tiles_per_expert = (counts + rows - 1) // rows
@@ -131,13 +166,15 @@ def _routed_tiles(x, expert, token, counts, w_gate, w_up, w_down):
     padded = jnp.zeros((num_tiles * rows, x.shape[1]), x.dtype).at[dest].set(x[token], mode="drop")
     tile_expert = jnp.searchsorted(tile_end, jnp.arange(num_tiles), side="right")  # num_local: unused tile
     skip = lambda xt: jnp.zeros((rows, x.shape[1]), x.dtype)  # noqa: E731
-    if isinstance(w_gate, (list, tuple)):  # one array per expert: a switch, each branch reads its own buffer
-        branches = [functools.partial(_expert_ffn, w_gate=g, w_up=u, w_down=d) for g, u, d in zip(w_gate, w_up, w_down)]
+    if isinstance(experts[0], (list, tuple)):  # one array per expert: a switch, each branch reads its own buffer
+        per_expert = [[None if w is None else w[i] for w in experts] for i in range(num_local)]
+        branches = [functools.partial(lambda xt, ws: _expert_ffn(xt, *ws[:3], glu, *ws[3:]).astype(x.dtype), ws=ws)
+                    for ws in per_expert]
         run_tile = lambda owner, xt: jax.lax.switch(owner, branches + [skip], xt)  # noqa: E731
     else:  # stacked: index the owner's slice (XLA:CPU copies it; see unstack_experts)
         def run_tile(owner, xt):
-            pick = lambda w: jax.lax.dynamic_index_in_dim(w, owner, keepdims=False)  # noqa: E731
-            ffn = lambda xt: _expert_ffn(xt, pick(w_gate), pick(w_up), pick(w_down))  # noqa: E731
+            ws = [None if w is None else jax.lax.dynamic_index_in_dim(w, owner, keepdims=False) for w in experts]
+            ffn = lambda xt: _expert_ffn(xt, *ws[:3], glu, *ws[3:]).astype(x.dtype)  # noqa: E731
             return jax.lax.cond(owner < num_local, ffn, skip, xt)
 
     def tile(_, t):
@@ -148,15 +185,24 @@ def _routed_tiles(x, expert, token, counts, w_gate, w_up, w_down):
     return out[jnp.minimum(dest, num_tiles * rows - 1)]
 
 
-def _routed_ragged_dot(x, expert, token, counts, w_gate, w_up, w_down):
-    """The sorted pairs through ``jax.lax.ragged_dot`` (pairs past the local groups come back as zeros)."""
+def _routed_ragged_dot(x, expert, token, counts, experts, glu):
+    """The sorted pairs through ``jax.lax.ragged_dot`` (pairs past the local groups come back as zeros; their
+    biases are those of the last local expert, and the caller drops those pairs)."""
+    w_gate, w_up, w_down, b_gate, b_up, b_down = experts
     xs = x[token]
-    h = jax.nn.silu(jax.lax.ragged_dot(xs, w_gate, counts)) * jax.lax.ragged_dot(xs, w_up, counts)
-    return jax.lax.ragged_dot(h, w_down, counts)
+    gate, up = jax.lax.ragged_dot(xs, w_gate, counts), jax.lax.ragged_dot(xs, w_up, counts)
+    e = jnp.minimum(expert, w_gate.shape[0] - 1)
+    if b_gate is not None:
+        gate, up = gate + b_gate[e], up + b_up[e]
+    out = jax.lax.ragged_dot(glu(gate, up).astype(xs.dtype), w_down, counts)
+    return out if b_down is None else out + b_down[e]
 
 
-def routed_experts(x, weights, ids, valid, w_gate, w_up, w_down, *, expert_offset=0, impl: str = "auto"):
-    """Sum over each token's chosen experts (those among the local ``w_*[E_local, ...]``) of weight x FFN."""
+def routed_experts(x, weights, ids, valid, w_gate, w_up, w_down, *, expert_offset=0, impl: str = "auto",
+                   glu=swiglu, biases=(None, None, None)):
+    """Sum over each token's chosen experts (those among the local ``w_*[E_local, ...]``) of weight x FFN.
+    ``biases``: the local experts' (b_gate, b_up [E_local, Fe], b_down [E_local, H]) or Nones; ``glu(gate, up)``
+    the gated activation (``gated_activation``)."""
     num_local = num_experts_of(w_gate)
     if impl == "auto":
         impl = TILES if isinstance(w_gate, (list, tuple)) else choose_impl(ids.size, num_local, jax.default_backend())
@@ -166,7 +212,7 @@ def routed_experts(x, weights, ids, valid, w_gate, w_up, w_down, *, expert_offse
         raise ValueError("the ragged_dot formulation needs stacked expert weights (not unstack_experts)")
     expert, weight, token, counts = _sorted_pairs(ids, weights, valid, expert_offset, num_local)
     compute = _routed_tiles if impl == TILES else _routed_ragged_dot
-    out = compute(x, expert, token, counts, w_gate, w_up, w_down).astype(jnp.float32)
+    out = compute(x, expert, token, counts, (w_gate, w_up, w_down, *biases), glu).astype(jnp.float32)
     out = jnp.where((expert < num_local)[:, None], out * weight[:, None], 0.0)
     return jnp.zeros((x.shape[0], x.shape[1]), jnp.float32).at[token].add(out)
 
@@ -177,14 +223,24 @@ def shared_expert(lp, x):
     return gate * _expert_ffn(x, lp["shared_w_gate"], lp["shared_w_up"], lp["shared_w_down"]).astype(jnp.float32)
 
 
-def moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "auto"):
+def moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "auto", tensor_rank=0):
     """The MoE MLP of one layer: x [T, H] -> [T, H]; ``valid`` [T] marks real (non-padding) tokens.
 
     Under expert or tensor parallelism (see ``ShardingPlan.moe_fn`` in ``jaxinfer.model.sharding_plan``)
-    ``lp`` holds this device's shards and the result is this device's partial sum."""
-    weights, ids = route(x, lp["router"], cfg, valid)
+    ``lp`` holds this device's shards and the result is this device's partial sum; ``tensor_rank`` is the
+    device's place among those that split the same experts' FFN: only rank 0 adds the experts' down-projection
+    bias, so the sum over devices holds it once."""
+    weights, ids = route(x, lp["router"], cfg, valid, lp.get("router_bias"))
+    biases = (None, None, None)
+    if cfg.expert_bias:
+        b_down = lp["expert_b_down"]
+        if not isinstance(tensor_rank, int) or tensor_rank:
+            keep = jnp.asarray(tensor_rank) == 0
+            b_down = (tuple(jnp.where(keep, b, 0) for b in b_down) if isinstance(b_down, (list, tuple))
+                      else jnp.where(keep, b_down, 0))
+        biases = (lp["expert_b_gate"], lp["expert_b_up"], b_down)
     out = routed_experts(x, weights, ids, valid, lp["expert_w_gate"], lp["expert_w_up"], lp["expert_w_down"],
-                         expert_offset=expert_offset, impl=impl)
+                         expert_offset=expert_offset, impl=impl, glu=gated_activation(cfg), biases=biases)
     if "shared_gate" in lp:
         out = out + shared_expert(lp, x)
     return out.astype(x.dtype)

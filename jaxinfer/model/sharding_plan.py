@@ -53,8 +53,7 @@ from sharding.mesh import EXPERT, check_parallel_sizes
 from sharding.rules import KV_CACHE_AXES
 
 # the params of a layer that the MoE block reads (those the config has): they go into its shard_map
-MOE_KEYS = ("router", "expert_w_gate", "expert_w_up", "expert_w_down",
-            "shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
+MOE_KEYS = ("router", "router_bias", *moe.EXPERT_KEYS, "shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 
 def validate(cfg: ModelConfig, tensor_parallel_size: int, expert_parallel_size: int = 1,
@@ -273,8 +272,8 @@ class ShardingPlan:
         layer_specs = weights.param_specs(cfg)["layers"][0]
         param_axes = {k: layer_specs[k].logical_axes for k in MOE_KEYS if k in layer_specs}
 
-        def local(lp, x, valid, expert_offset):
-            return moe.moe_block(lp, x, valid, cfg, expert_offset=expert_offset, impl=impl)
+        def local(lp, x, valid, expert_offset, tensor_rank):
+            return moe.moe_block(lp, x, valid, cfg, expert_offset=expert_offset, impl=impl, tensor_rank=tensor_rank)
 
         sharded = ops.shard_moe(local, self.mesh, param_axes, cfg.num_experts // self.expert_parallel_size)
 

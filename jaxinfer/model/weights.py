@@ -20,6 +20,8 @@ Params pytree (layers are a Python list; linear weights are ``[in, out]``)::
     layers[i].bq               [Hq*D]        (q_heads,)              model.layers.{i}.self_attn.q_proj.bias   -- attention_bias
     layers[i].bk               [Hkv*D]       (kv_heads,)             model.layers.{i}.self_attn.k_proj.bias   -- attention_bias
     layers[i].bv               [Hkv*D]       (kv_heads,)             model.layers.{i}.self_attn.v_proj.bias   -- attention_bias
+    layers[i].bo               [H]           (embed,)                model.layers.{i}.self_attn.o_proj.bias   -- GPT-OSS
+    layers[i].sinks            [Hq]          (q_heads,)              model.layers.{i}.self_attn.sinks         -- GPT-OSS
     layers[i].q_norm           [D]           (head_dim,)             model.layers.{i}.self_attn.q_norm.weight -- qk_norm
     layers[i].k_norm           [D]           (head_dim,)             model.layers.{i}.self_attn.k_norm.weight -- qk_norm
     layers[i].mlp_norm         [H]           (embed,)                model.layers.{i}.post_attention_layernorm.weight
@@ -40,6 +42,11 @@ An MoE layer (``cfg.num_experts > 0``) has, instead of w_gate / w_up / w_down::
     layers[i].shared_w_up      [H, Fs]       (embed, mlp)            ...mlp.shared_expert.up_proj.weight (T)   -- Qwen2-MoE
     layers[i].shared_w_down    [Fs, H]       (mlp, embed)            ...mlp.shared_expert.down_proj.weight (T) -- Qwen2-MoE
     layers[i].shared_gate      [H, 1]        (embed, None)           ...mlp.shared_expert_gate.weight (T)      -- Qwen2-MoE
+
+GPT-OSS stores each layer's experts stacked and untransposed: ``mlp.experts.gate_up_proj`` ``[E, H, 2 Fe]`` (gate
+the even columns, up the odd ones: ``expert_w_gate`` / ``expert_w_up``), ``mlp.experts.down_proj`` ``[E, Fe, H]``,
+their biases ``expert_b_gate`` / ``expert_b_up`` ``[E, Fe]`` and ``expert_b_down`` ``[E, H]`` (axes (experts,
+expert_mlp) / (experts, embed)), and ``mlp.router.{weight,bias}`` (``router``, ``router_bias`` ``[E]``).
 
 V vocab (``cfg.padded_vocab_size``: with the rows a tensor-parallel split pads on), H hidden, F
 intermediate, Hq / Hkv query / key-value heads, D head_dim, E experts, Fe / Fs the
@@ -66,6 +73,22 @@ LOGICAL_AXES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "exp
 
 
 @dataclasses.dataclass(frozen=True)
+class HFPart:
+    """Which part of a shared HF tensor (as HF stores it) a parameter is: ``start:stop:step`` of ``axis``,
+    along which the HF tensor has ``size`` entries."""
+
+    axis: int
+    start: int
+    stop: int
+    size: int
+    step: int = 1
+
+    def index(self, ndim: int) -> tuple[slice, ...]:
+        """The numpy index that cuts this part out of the HF tensor."""
+        return (slice(None),) * (self.axis % ndim) + (slice(self.start, self.stop, self.step),)
+
+
+@dataclasses.dataclass(frozen=True)
 class ParamSpec:
     """Declaration of one parameter array (a pytree leaf: it is not a registered pytree node)."""
 
@@ -75,9 +98,9 @@ class ParamSpec:
     transpose: bool  # HF stores the [out, in] transpose of our [in, out] layout
     init: str = "normal"  # "normal" (std given at init time), "ones" or "zeros" (RMSNorm scales, Gemma's + 1)
     stacked: bool = False  # the leading axis stacks one HF tensor per expert (hf_name has an {expert} field)
-    # (start, stop, total): this parameter is rows start:stop of an HF tensor of ``total`` rows (HF's [out, in])
-    # that several parameters share (Phi-3's fused qkv_proj and gate_up_proj, split at load)
-    hf_rows: tuple[int, int, int] | None = None
+    # this parameter is part of an HF tensor that several parameters share, split at load (Phi-3's fused
+    # qkv_proj / gate_up_proj; GPT-OSS's gate_up_proj, gate and up interleaved)
+    hf_part: HFPart | None = None
 
     def __post_init__(self):
         if len(self.shape) != len(self.logical_axes):
@@ -100,14 +123,38 @@ def _linear(hf_name: str, n_in: int, n_out: int, axes: tuple[str | None, str | N
 
 def _rows_of(hf_name: str, start: int, stop: int, total: int, n_in: int, axes) -> ParamSpec:
     """A linear weight that is rows start:stop of HF's fused [total, n_in] tensor ``hf_name``."""
-    return ParamSpec((n_in, stop - start), axes, hf_name, transpose=True, hf_rows=(start, stop, total))
+    return ParamSpec((n_in, stop - start), axes, hf_name, transpose=True, hf_part=HFPart(0, start, stop, total))
 
 
 def _experts(hf_name: str, n: int, n_in: int, n_out: int, axes: tuple[str, str]) -> ParamSpec:
     return ParamSpec((n, n_in, n_out), ("experts", *axes), hf_name, transpose=True, stacked=True)
 
 
+def _gpt_oss_moe_specs(cfg: ModelConfig, pre: str) -> dict[str, ParamSpec]:
+    """GPT-OSS stores each layer's experts as whole stacks, already ``[E, in, out]``; gate and up interleaved
+    along the last axis of ``gate_up_proj`` (gate at even columns), split at load."""
+    h, e, fe = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    moe = f"{pre}.mlp.experts"
+
+    def stack(name, shape, axes, part=None):
+        return ParamSpec(shape, ("experts", *axes), f"{moe}.{name}", transpose=False, hf_part=part)
+
+    even, odd = HFPart(-1, 0, 2 * fe, 2 * fe, 2), HFPart(-1, 1, 2 * fe, 2 * fe, 2)
+    return {
+        "router": _linear(f"{pre}.mlp.router.weight", h, e, ("embed", None)),
+        "router_bias": _vector(f"{pre}.mlp.router.bias", e, None, "normal"),
+        "expert_w_gate": stack("gate_up_proj", (e, h, fe), ("embed", "expert_mlp"), even),
+        "expert_w_up": stack("gate_up_proj", (e, h, fe), ("embed", "expert_mlp"), odd),
+        "expert_w_down": stack("down_proj", (e, fe, h), ("expert_mlp", "embed")),
+        "expert_b_gate": stack("gate_up_proj_bias", (e, fe), ("expert_mlp",), even),
+        "expert_b_up": stack("gate_up_proj_bias", (e, fe), ("expert_mlp",), odd),
+        "expert_b_down": stack("down_proj_bias", (e, h), ("embed",)),
+    }
+
+
 def _moe_specs(cfg: ModelConfig, pre: str) -> dict[str, ParamSpec]:
+    if cfg.architecture == "gpt_oss":
+        return _gpt_oss_moe_specs(cfg, pre)
     h, e, fe, fs = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
     if cfg.architecture == "mixtral":
         moe, names = f"{pre}.block_sparse_moe", ("w1", "w3", "w2")
@@ -157,6 +204,10 @@ def _layer_specs(cfg: ModelConfig, i: int) -> dict[str, ParamSpec]:
         specs["bq"] = _vector(f"{pre}.self_attn.q_proj.bias", q, "q_heads", "normal")
         specs["bk"] = _vector(f"{pre}.self_attn.k_proj.bias", kv, "kv_heads", "normal")
         specs["bv"] = _vector(f"{pre}.self_attn.v_proj.bias", kv, "kv_heads", "normal")
+    if cfg.attention_out_bias:
+        specs["bo"] = _vector(f"{pre}.self_attn.o_proj.bias", h, "embed", "normal")
+    if cfg.attention_sinks:  # one logit per query head: a [Hq] vector split with the heads
+        specs["sinks"] = _vector(f"{pre}.self_attn.sinks", cfg.num_heads, "q_heads", "normal")
     if cfg.qk_norm:
         specs["q_norm"] = _vector(f"{pre}.self_attn.q_norm.weight", cfg.head_dim, "head_dim", norm)
         specs["k_norm"] = _vector(f"{pre}.self_attn.k_norm.weight", cfg.head_dim, "head_dim", norm)
@@ -218,7 +269,7 @@ def hf_name_table(cfg: ModelConfig) -> dict[str, tuple[Path, bool]]:
     (``get_at_path`` indexes the array with it)."""
     table = {}
     for path, spec in spec_leaves_with_paths(cfg):
-        if spec.hf_rows is not None:
+        if spec.hf_part is not None:
             raise NotImplementedError(f"{spec.hf_name}: a fused HF tensor split over several parameters "
                                       f"({cfg.architecture}) has no one-to-one name table")
         for name, slot in spec.hf_names():

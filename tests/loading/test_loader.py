@@ -332,6 +332,7 @@ PUBLISHED_PARAMS = {
     "gemma-2-9b": 9.24e9,
     "gemma-3-4b": 3.88e9,
     "phi-3-mini": 3.82e9,  # the text model (4.3e9 with the SigLIP vision tower, which is not served)
+    "gpt-oss-20b": 20.91e9,  # OpenAI's model card: 20.91B total, 3.61B active
 }
 
 
@@ -343,18 +344,28 @@ def test_presets_have_published_sizes(name):
     assert declared == cfg.num_params
 
 
+def test_gpt_oss_preset_is_active_3_6b():
+    cfg = preset_config("gpt-oss-20b")
+    # the model card's 3.61B active leaves the embedding lookup out (it counts the unembedding)
+    assert abs((cfg.num_active_params - cfg.vocab_size * cfg.hidden_size) / 3.61e9 - 1) < 0.01
+    assert cfg.rope_scaling.rope_type == "yarn" and cfg.layer_sliding_window(0) == 128
+    assert cfg.layer_sliding_window(1) is None
+
+
 def test_llama31_has_llama3_rope_scaling():
     cfg = preset_config("llama-3.1-8b")
     assert cfg.rope_scaling is not None and cfg.rope_scaling.rope_type == "llama3"
     assert cfg.eos_token_ids == (128001, 128008, 128009)
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "llama-150m", "gemma-2-9b", "gemma-3-4b", "phi-3-mini"])
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "llama-150m", "gemma-2-9b", "gemma-3-4b", "phi-3-mini",
+                                  "gpt-oss-20b"])
 def test_preset_param_count_matches_transformers(name):
     """Build the preset in transformers on the meta device: same parameter count as ours."""
     hf_oracle.skip_unless_available()
     model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                  "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3"}[
+                  "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3",
+                  "GptOssForCausalLM": "gpt_oss"}[
         PRESETS[name]["architectures"][0]]
     assert hf_oracle.count_parameters(model_type, preset_hf_dict(name)) == preset_config(name).num_params
 

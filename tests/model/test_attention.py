@@ -189,3 +189,21 @@ def test_soft_capped_scores_match_reference(q_lens, kv_extra, width, window):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     uncapped = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     assert np.abs(np.asarray(uncapped) - np.asarray(want)).max() > 1e-2  # the cap changes the result
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("q_lens, kv_extra, width", [(*c, None) for c in CASES] +  # mixed steps
+                         [(*c, max(c[0]) + 1) for c in CASES if max(c[0]) <= 12])  # short-query steps
+def test_attention_sinks_match_reference(q_lens, kv_extra, width, window):
+    """GPT-OSS's per-head sink logits in both loops (mixed and short-query steps): the reference's softmax with
+    one more term per head. The C++ kernels have no sinks, so a call with sinks never takes them."""
+    q, k, v, tables, cu, kv = _case(len(q_lens) + 7, q_lens, kv_extra)
+    sinks = jnp.asarray(np.random.default_rng(3).normal(0, 2, q.shape[1]), jnp.float32)
+    got = xla_ragged_paged_attention(q, k, v, tables, cu, kv, cpu_kernel=True, sm_scale=0.25, query_width=width,
+                                     sliding_window=window, prefill_q_block=16, prefill_k_block=8, sinks=sinks)
+    want = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window,
+                                            sinks=sinks)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
+    plain = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
+    assert np.abs(np.asarray(plain) - np.asarray(want)).max() > 1e-2  # the sinks change the result

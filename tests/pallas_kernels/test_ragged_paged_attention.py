@@ -46,6 +46,7 @@ class Config:
     kv_pages_per_step: int | None = None
     block_q: int | None = None
     soft_cap: float | None = None  # Gemma 2's attention logit soft-capping
+    sinks: bool = False  # GPT-OSS's per-head logit in the denominator (random, per head)
 
 
 # A pairwise cover of: GQA ratio 1/2/4/8 and non-power-of-two 3/7, MQA; head_dim 64/80/96/128;
@@ -62,6 +63,8 @@ CONFIGS = [
     Config(2, 2, 128, num_kv_splits=3, block_q=64),
     Config(8, 4, 256, sliding_window=20, soft_cap=1.5),  # Gemma: head_dim 256, a window, capped scores
     Config(4, 2, 64, num_kv_splits=2, soft_cap=0.7),
+    Config(8, 2, 64, sliding_window=16, sinks=True),  # GPT-OSS: sinks, on a window
+    Config(4, 1, 64, num_kv_splits=3, sinks=True),  # split-K: the sink counted once, by split 0
 ]
 
 
@@ -137,8 +140,16 @@ def build_inputs(cfg: Config, batch: Batch, dtype=np.float32):
     return kernel_inputs, reference_inputs
 
 
+def sinks_of(cfg: Config):
+    """The per-head sinks of a config (None: off): large enough to take much of each row's mass."""
+    if not cfg.sinks:
+        return None
+    return jnp.asarray(np.random.default_rng(cfg.num_q_heads).normal(0, 2, cfg.num_q_heads), jnp.float32)
+
+
 def kernel_kwargs(cfg: Config):
     return dict(sm_scale=cfg.head_dim**-0.5, sliding_window=cfg.sliding_window, soft_cap=cfg.soft_cap,
+                sinks=sinks_of(cfg),
                 num_kv_splits=cfg.num_kv_splits, kv_pages_per_step=cfg.kv_pages_per_step,
                 block_q=cfg.block_q)
 
@@ -147,8 +158,8 @@ def run_both(cfg: Config, kernel_inputs, reference_inputs):
     out = ragged_paged_attention(**kernel_inputs, **kernel_kwargs(cfg))
     out = np.asarray(out.astype(jnp.float32))
     ref = np.asarray(ragged_paged_attention_reference(
-        **reference_inputs, sm_scale=cfg.head_dim**-0.5, sliding_window=cfg.sliding_window, soft_cap=cfg.soft_cap
-    ).astype(jnp.float32))
+        **reference_inputs, sm_scale=cfg.head_dim**-0.5, sliding_window=cfg.sliding_window, soft_cap=cfg.soft_cap,
+        sinks=sinks_of(cfg)).astype(jnp.float32))
     return out, ref
 
 
@@ -234,8 +245,9 @@ def test_default_num_kv_splits_policy():
     assert 1 < default_num_kv_splits(1, 1, 8, 16384, 16) <= 16
 
 
-def dense_causal_attention(q, k, v, sm_scale, sliding_window=None, soft_cap=None):
-    """One sequence, contiguous K/V, in float64 numpy loops: q [L_q, Hq, D], k/v [L, Hkv, D]."""
+def dense_causal_attention(q, k, v, sm_scale, sliding_window=None, soft_cap=None, sinks=None):
+    """One sequence, contiguous K/V, in float64 numpy loops: q [L_q, Hq, D], k/v [L, Hkv, D]; ``sinks`` [Hq]:
+    one more term ``exp(sink)`` in each softmax's denominator."""
     q_len, num_q_heads, _ = q.shape
     kv_len, num_kv_heads, _ = k.shape
     group = num_q_heads // num_kv_heads
@@ -248,19 +260,23 @@ def dense_causal_attention(q, k, v, sm_scale, sliding_window=None, soft_cap=None
             scores = keys @ q[i, h].astype(np.float64) * sm_scale
             if soft_cap is not None:
                 scores = soft_cap * np.tanh(scores / soft_cap)
-            weights = np.exp(scores - scores.max())
-            out[i, h] = weights @ v[lo:pos + 1, h // group] / weights.sum()
+            top = scores.max() if sinks is None else max(scores.max(), sinks[h])
+            weights = np.exp(scores - top)
+            denom = weights.sum() + (0.0 if sinks is None else np.exp(sinks[h] - top))
+            out[i, h] = weights @ v[lo:pos + 1, h // group] / denom
     return out
 
 
-@pytest.mark.parametrize("sliding_window, soft_cap", [(None, None), (21, None), (None, 0.8)])
-def test_reference_matches_dense_attention(sliding_window, soft_cap):
+@pytest.mark.parametrize("sliding_window, soft_cap, with_sinks", [(None, None, False), (21, None, False),
+                                                                 (None, 0.8, False), (21, None, True)])
+def test_reference_matches_dense_attention(sliding_window, soft_cap, with_sinks):
     rng = np.random.default_rng(1)
     kv_len, q_len, hq, hkv, d, num_blocks = 70, 9, 4, 2, 32, 10
     q = rng.standard_normal((q_len, hq, d)).astype(np.float32)
     k = rng.standard_normal((kv_len, hkv, d)).astype(np.float32)
     v = rng.standard_normal((kv_len, hkv, d)).astype(np.float32)
-    expected = dense_causal_attention(q, k, v, d**-0.5, sliding_window, soft_cap)
+    sinks = rng.normal(0, 2, hq).astype(np.float32) if with_sinks else None
+    expected = dense_causal_attention(q, k, v, d**-0.5, sliding_window, soft_cap, sinks)
 
     pages = rng.permutation(num_blocks)[:5]  # 70 keys -> 5 pages of 16, scattered
     k_cache = np.full((num_blocks, BLOCK_SIZE, hkv, d), np.nan, np.float32)
@@ -272,7 +288,8 @@ def test_reference_matches_dense_attention(sliding_window, soft_cap):
     block_tables = np.stack([np.concatenate([pages, [0, 0]]), np.zeros(7)]).astype(np.int32)
     got = np.asarray(ragged_paged_attention_reference(
         q_padded, k_cache, v_cache, block_tables, np.array([0, q_len, q_len], np.int32),
-        np.array([kv_len, 0], np.int32), sm_scale=d**-0.5, sliding_window=sliding_window, soft_cap=soft_cap))
+        np.array([kv_len, 0], np.int32), sm_scale=d**-0.5, sliding_window=sliding_window, soft_cap=soft_cap,
+        sinks=None if sinks is None else jnp.asarray(sinks)))
     np.testing.assert_allclose(got[:q_len], expected, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(got[q_len:], 0.0)
 

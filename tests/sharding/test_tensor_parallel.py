@@ -46,6 +46,10 @@ CASES = {
     "gemma2-tp2": ("gemma2", 2, 1, "xla"),  # soft-capping, per-layer windows, sandwich norms; vocab 301 padded
     "gemma3-tp2": ("gemma3", 2, 1, "xla"),  # MQA: the KV head on both devices; local / global RoPE
     "phi3-tp4": ("phi3", 4, 1, "xla"),  # the fused qkv / gate_up split at load, then split again by head
+    # sinks split with the query heads; each expert's FFN (and its gate / up biases) split in two, the down
+    # bias added by one of the two; vocab 257 padded
+    "gpt_oss-tp2": ("gpt_oss", 2, 1, "xla"),
+    "gpt_oss-ep2-tp4": ("gpt_oss", 4, 2, "pallas"),  # 2 experts per group, each split in 2; sinks in the kernel
     # vocabularies the split does not divide: embedding and LM head padded per the plan, padding never seen
     "llama_vocab333-tp2": ("llama_vocab333", 2, 1, "xla"),
     "llama_vocab333-tp4": ("llama_vocab333", 4, 1, "xla"),
