@@ -155,6 +155,12 @@ def count_parameters(model_type: str, config_kwargs: dict) -> int:
     return int(_dispatch("count_parameters", model_type=model_type, config_kwargs=config_kwargs))
 
 
+def rope_init(model_type: str, config_kwargs: dict) -> tuple[list[float], float]:
+    """HF's RoPE inverse frequencies and attention factor (``ROPE_INIT_FUNCTIONS[rope_type]``) for a config."""
+    inv, factor = _dispatch("rope_init", model_type=model_type, config_kwargs=config_kwargs)
+    return list(inv), float(factor)
+
+
 def load_hf(path: Path):
     """The model at ``path`` in eval mode (float32, eager attention): a torch module in process, a
     ``RemoteModel`` in remote mode."""
@@ -398,6 +404,15 @@ def _count_parameters(model_type, config_kwargs):
     return sum(p.numel() for p in model.parameters())
 
 
+def _rope_init(model_type, config_kwargs):
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.AutoConfig.for_model(model_type, **config_kwargs)
+    inv, factor = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config)
+    return [float(x) for x in inv], float(factor)
+
+
 def _load_hf(path):
     import transformers
 
@@ -449,7 +464,7 @@ def _versions():
 
 
 _OPS = {"build_checkpoint": _build_checkpoint, "write_random_checkpoint": _write_random_checkpoint,
-        "count_parameters": _count_parameters, "load_hf": _load_hf, "num_parameters": _num_parameters,
+        "count_parameters": _count_parameters, "rope_init": _rope_init, "load_hf": _load_hf, "num_parameters": _num_parameters,
         "hf_logits": _hf_logits, "hf_log_softmax": _hf_log_softmax, "hf_greedy": _hf_greedy, "versions": _versions}
 
 

@@ -74,3 +74,22 @@ def test_gpt_oss_mxfp4_checkpoint_is_refused_clearly(hf_checkpoints):
     d["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
     with pytest.raises(NotImplementedError, match=r"MXFP4 .*Mxfp4Config\(dequantize=True\)"):
         ModelConfig.from_hf_dict(d)
+
+
+@pytest.mark.parametrize("scaling", [
+    {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+    {"factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096},  # DeepSeek
+    {"factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5, "original_max_position_embeddings": 2048},
+    {"factor": 8.0, "original_max_position_embeddings": 64},  # truncated ramp (HF's default)
+], ids=["gpt-oss", "deepseek", "mscale-ratio", "truncated"])
+def test_yarn_frequencies_and_attention_factor_match_hf(scaling):
+    """YaRN's per-frequency blend and its cos / sin factor, against transformers' own computation."""
+    from jaxinfer.config.rope import inv_freq, parse_rope_scaling
+
+    hf_oracle.skip_unless_available()
+    rope = {"rope_type": "yarn", "rope_theta": 50000.0, **scaling}
+    want_inv, want_factor = hf_oracle.rope_init("gpt_oss", dict(head_dim=64, hidden_size=256, num_attention_heads=4,
+                                                                 max_position_embeddings=131072, rope_parameters=rope))
+    s = parse_rope_scaling(rope, 131072)
+    np.testing.assert_allclose(inv_freq(50000.0, 64, s), want_inv, rtol=1e-5)  # HF computes in float32
+    assert s.attention_factor == pytest.approx(want_factor, rel=1e-12)
