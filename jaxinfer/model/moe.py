@@ -182,6 +182,10 @@ def moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "a
 
     Under expert or tensor parallelism (see ``ShardingPlan.moe_fn`` in ``jaxinfer.model.sharding_plan``)
     ``lp`` holds this device's shards and the result is this device's partial sum."""
+    if cfg.topk_method:  # DeepSeek's routing and ungated shared experts: jaxinfer.model.deepseek_moe
+        from jaxinfer.model.deepseek_moe import deepseek_moe_block
+
+        return deepseek_moe_block(lp, x, valid, cfg, expert_offset=expert_offset, impl=impl)
     weights, ids = route(x, lp["router"], cfg, valid)
     out = routed_experts(x, weights, ids, valid, lp["expert_w_gate"], lp["expert_w_up"], lp["expert_w_down"],
                          expert_offset=expert_offset, impl=impl)

@@ -41,6 +41,8 @@ An MoE layer (``cfg.num_experts > 0``) has, instead of w_gate / w_up / w_down::
     layers[i].shared_w_down    [Fs, H]       (mlp, embed)            ...mlp.shared_expert.down_proj.weight (T) -- Qwen2-MoE
     layers[i].shared_gate      [H, 1]        (embed, None)           ...mlp.shared_expert_gate.weight (T)      -- Qwen2-MoE
 
+A DeepSeek layer (multi-head latent attention) is declared by ``jaxinfer.model.mla_weights``.
+
 V vocab (``cfg.padded_vocab_size``: with the rows a tensor-parallel split pads on), H hidden, F
 intermediate, Hq / Hkv query / key-value heads, D head_dim, E experts, Fe / Fs the
 routed / shared experts' widths. ``q_heads`` and ``kv_heads`` name a flattened ``heads * head_dim`` axis
@@ -138,6 +140,10 @@ def _norm_init(cfg: ModelConfig) -> str:
 
 
 def _layer_specs(cfg: ModelConfig, i: int) -> dict[str, ParamSpec]:
+    if cfg.is_mla:  # DeepSeek-V2 / V3: latent attention, dense then MoE layers (jaxinfer.model.mla_weights)
+        from jaxinfer.model.mla_weights import mla_layer_specs
+
+        return mla_layer_specs(cfg, i)
     h, f, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
     pre = f"model.layers.{i}"
     norm = _norm_init(cfg)
