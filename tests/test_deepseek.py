@@ -92,8 +92,8 @@ def test_engine_matches_hf(name, backend, checkpoints, greedy_reference):
 
 
 def test_latent_cache_bytes_per_token(checkpoints):
-    """The cache holds kv_lora_rank + rope numbers per token and layer, not 2 x heads x head dims: DeepSeek-V2-Lite's
-    real shapes (576 vs a full-K/V cache's 2 x 16 x (192 + 128) / 2 = 5120 per layer... as float32 here)."""
+    """The cache holds kv_lora_rank + rope numbers per token and layer, not expanded K and V: with DeepSeek-V2-Lite's
+    real shapes 576 per layer against 16 heads x (192 key + 128 value) = 5120 (8.9x), in bfloat16."""
     from jaxinfer.config.presets import preset_config
 
     for cfg in (ModelConfig.from_pretrained(checkpoints["deepseek_v2"]), preset_config("deepseek-v2-lite")):
@@ -149,3 +149,21 @@ def test_tensor_parallel_2_matches_hf(checkpoints, greedy_reference):
         for (tokens, lps), g_tokens, g_lps in zip(greedy_reference[name], got[name]["tokens"], got[name]["logprobs"]):
             assert g_tokens == tokens, name
             np.testing.assert_allclose(g_lps, lps, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,model_type,published", [("deepseek-v2-lite", "deepseek_v2", 15.7e9),
+                                                        ("deepseek-v3", "deepseek_v3", 671e9)])
+def test_presets_have_hf_parameter_counts(name, model_type, published):
+    """``random:deepseek-v2-lite`` / ``random:deepseek-v3`` have the real shapes: transformers builds the preset on the
+    meta device with our parameter count (the published 15.7B / 671B), and the declared params are exactly those
+    plus V3's correction biases (a buffer in HF, not a parameter)."""
+    from jaxinfer.config.presets import preset_config, preset_hf_dict
+    from jaxinfer.model.weights import abstract_params
+
+    hf_oracle.skip_unless_available()
+    cfg = preset_config(name)
+    assert abs(cfg.num_params / published - 1) < 0.01
+    assert hf_oracle.count_parameters(model_type, preset_hf_dict(name)) == cfg.num_params
+    biases = (cfg.num_layers - cfg.first_k_dense_replace) * cfg.num_experts if cfg.topk_method == "noaux_tc" else 0
+    declared = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract_params(cfg)))
+    assert declared == cfg.num_params + biases

@@ -32,6 +32,9 @@ def from_deepseek_dict(d: dict[str, Any], family: str) -> dict[str, Any]:
     """``ModelConfig`` keyword arguments of a DeepSeek-V2 / V3 config dict (refusing what is not implemented)."""
     if d.get("attention_bias") or d.get("mlp_bias"):
         raise NotImplementedError(f"{family}: attention_bias / mlp_bias = True is not supported")
+    if int(d.get("moe_layer_freq", 1)) != 1:
+        raise NotImplementedError(f"{family}: moe_layer_freq={d['moe_layer_freq']} (dense layers between MoE layers) "
+                                  "is not supported; HF builds an MoE block in every layer past first_k_dense_replace")
     rope = d.get("rope_parameters") or {}
     scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
