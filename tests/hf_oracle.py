@@ -110,14 +110,16 @@ EXTRA_ARCHS = {
 
 # DeepSeek (multi-head latent attention; built by tests/test_deepseek.py only). Awkward on purpose: odd
 # vocabularies, a dense first layer (first_k_dense_replace=1), q_lora_rank None and set, v_head_dim != the nope
-# dims, group-limited routing, YaRN with mscale_all_dim (V2), V3's correction bias perturbed so that it changes
-# choices (HF initialises it to 0), and a V3 with the half-split (not interleaved) RoPE.
+# dims, group-limited routing with fewer groups than experts chosen (V2: top-3 from 1 of 2 groups; with
+# topk_group >= top-k the limit never binds), YaRN with mscale_all_dim (V2), V3's correction bias perturbed so that
+# it changes choices (HF initialises it to 0), and a V3 with the half-split (not interleaved) RoPE.
 _MLA = dict(TINY, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,
             qk_rope_head_dim=8, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
             topk_group=2, first_k_dense_replace=1)
 DEEPSEEK_ARCHS = {
     "deepseek_v2": ("DeepseekV2Config", dict(_MLA, vocab_size=301, q_lora_rank=None, v_head_dim=12, n_shared_experts=2,
-                                             topk_method="group_limited_greedy", routed_scaling_factor=1.5,
+                                             topk_method="group_limited_greedy", n_group=2, topk_group=1,
+                                             num_experts_per_tok=3, routed_scaling_factor=1.5,
                                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
                                                               "factor": 4.0, "original_max_position_embeddings": 128,
                                                               "mscale": 1.0, "mscale_all_dim": 0.8})),
