@@ -128,7 +128,7 @@ class JaxinferRunner:
                 "compilation": engine.config.compilation, "start_s": report_.seconds if report_ else None,
                 "num_scheduler_steps": engine.config.num_scheduler_steps,
                 "decode_bytes": {"weights": (cfg.num_params - embed) * size,
-                                 "kv_per_token": 2 * cfg.num_layers * cfg.kv_size * size}}
+                                 "kv_per_token": cfg.kv_cache_bytes_per_token(size)}}
 
     def stats(self) -> dict:
         return {"compilations_after_start": self.llm.llm_engine.stats()["num_compilations_after_start"]}

@@ -69,8 +69,8 @@ def decode_bytes_per_step(cfg: ModelConfig, dtype, batch_size: int, mean_context
     weights = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
     if cfg.is_moe:  # the experts no token can be routed to are not read
         untouched = cfg.num_experts - min(cfg.num_experts, batch_size * cfg.num_experts_per_tok)
-        weights -= cfg.num_layers * untouched * cfg.expert_params
-    kv = batch_size * mean_context * 2 * cfg.num_layers * cfg.kv_size
+        weights -= sum(map(cfg.layer_is_moe, range(cfg.num_layers))) * untouched * cfg.expert_params
+    kv = batch_size * mean_context * cfg.kv_cache_bytes_per_token(1)  # K and V, or MLA's latent row
     return int((weights + kv) * itemsize)
 
 

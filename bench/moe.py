@@ -123,7 +123,7 @@ def bench_model(name: str, batch_sizes, context: int, num_steps: int, impl: str,
                 times.append(time.perf_counter() - t)
         step_s = statistics.median(times)
         weights = weight_bytes_read(cfg, itemsize, touched)
-        kv = b * context * 2 * cfg.num_layers * cfg.kv_size * itemsize
+        kv = b * context * cfg.kv_cache_bytes_per_token(itemsize)
         floor = (weights + kv) / bandwidth
         rows.append({"model": name, "batch_size": b, "step_s": step_s, "tok_per_s": b / step_s,
                      "experts_per_layer": touched if cfg.is_moe else None, "weight_bytes_read": weights,

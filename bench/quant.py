@@ -140,7 +140,7 @@ def bench_variants(names, cfg, dense, shapes, args, bandwidth: float) -> list[di
         del caches
         for n in names:
             step_s = statistics.median(times[n])
-            kv = shape["batch"] * context * 2 * cfg.num_layers * cfg.kv_size * jnp.dtype(kv_dtypes[n]).itemsize
+            kv = shape["batch"] * context * cfg.kv_cache_bytes_per_token(jnp.dtype(kv_dtypes[n]).itemsize)
             floor = (weights[n] + kv) / bandwidth
             rows.append({"method": n, "shape": shape["shape"], "batch_size": shape["batch"],
                          "tokens": shape["tokens"], "first_call_s": first[n], "step_s": step_s,

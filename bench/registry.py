@@ -26,6 +26,7 @@ EXPERIMENTS = {
     "tp": "bench.tp",
     "moe": "bench.moe",
     "quant": "bench.quant",
+    "kv-bytes": "bench.kv_bytes",
     "gpu-compile": "bench.gpu_compile.cli",
     "clients": "bench.clients.cli",
     "structured": "bench.structured.cli",

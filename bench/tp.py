@@ -81,7 +81,7 @@ def bytes_read_per_device(plan, batch_size: int, context: int, dtype) -> int:
         expert_bytes = cfg.num_layers * cfg.expert_params * itemsize // (n // ep)  # one expert, its share
         touched = min(cfg.num_experts // ep, batch_size * cfg.num_experts_per_tok)
         weights += (touched - cfg.num_experts // ep) * expert_bytes
-    kv = batch_size * context * 2 * cfg.num_layers * cfg.kv_size * itemsize // n
+    kv = batch_size * context * cfg.kv_cache_bytes_per_token(itemsize) // (1 if cfg.is_mla else n)  # MLA: replicated
     return weights + kv
 
 

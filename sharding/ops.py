@@ -26,12 +26,13 @@ from sharding.mesh import ALL_DEVICES, EXPERT, TENSOR
 from sharding.rules import HEADS_ACTIVATION_AXES, KV_CACHE_AXES, partition_spec
 
 
-def shard_attention(attn_fn, mesh: Mesh):
-    """``attn_fn`` (``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)``) per device; a
-    ``sinks`` option ([Hq], GPT-OSS) is split with the query heads, the other options are static."""
+def shard_attention(attn_fn, mesh: Mesh, cache_axes=KV_CACHE_AXES):
+    """``attn_fn`` (``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)``) per device.
+    ``cache_axes``: the caches' logical axes (split by KV head; all None: replicated, as MLA's latent cache). A
+    ``sinks`` option ([Hq], GPT-OSS) is split with the query heads; the other options are static."""
     if mesh.size == 1:
         return attn_fn
-    heads, cache, rep = partition_spec(HEADS_ACTIVATION_AXES), partition_spec(KV_CACHE_AXES), PartitionSpec()
+    heads, cache, rep = partition_spec(HEADS_ACTIVATION_AXES), partition_spec(cache_axes), PartitionSpec()
     head_vector = partition_spec(HEADS_ACTIVATION_AXES[1:2])
 
     def sharded(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, sinks=None, **layer_options):

@@ -119,6 +119,29 @@ EXTRA_ARCHS = {
                                                num_local_experts=4, num_experts_per_tok=2)),
 }
 
+# DeepSeek (multi-head latent attention; built by tests/test_deepseek.py only). Awkward on purpose: odd
+# vocabularies, a dense first layer (first_k_dense_replace=1), q_lora_rank None and set, v_head_dim != the nope
+# dims, group-limited routing with fewer groups than experts chosen (V2: top-3 from 1 of 2 groups; with
+# topk_group >= top-k the limit never binds), YaRN with mscale_all_dim (V2), V3's correction bias perturbed so that
+# it changes choices (HF initialises it to 0), and a V3 with the half-split (not interleaved) RoPE.
+_MLA = dict(TINY, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+            topk_group=2, first_k_dense_replace=1)
+DEEPSEEK_ARCHS = {
+    "deepseek_v2": ("DeepseekV2Config", dict(_MLA, vocab_size=301, q_lora_rank=None, v_head_dim=12, n_shared_experts=2,
+                                             topk_method="group_limited_greedy", n_group=2, topk_group=1,
+                                             num_experts_per_tok=3, routed_scaling_factor=1.5,
+                                             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                              "factor": 4.0, "original_max_position_embeddings": 128,
+                                                              "mscale": 1.0, "mscale_all_dim": 0.8})),
+    "deepseek_v3": ("DeepseekV3Config", dict(_MLA, vocab_size=263, q_lora_rank=24, v_head_dim=16, n_shared_experts=1,
+                                             routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True,
+                                             _perturb={"e_score_correction_bias": 0.3})),
+    "deepseek_v3_halfsplit": ("DeepseekV3Config", dict(_MLA, q_lora_rank=None, v_head_dim=16, n_shared_experts=1,
+                                                       first_k_dense_replace=0, rope_interleave=False,
+                                                       norm_topk_prob=False, _perturb={"e_score_correction_bias": 0.3})),
+}
+
 
 # ================================================================== the public functions (in process or not)
 
@@ -133,7 +156,7 @@ class RemoteModel:
 
 
 def build_checkpoint(name: str, out_dir: Path, seed: int = 0) -> Path:
-    """Write the random checkpoint ``name`` of ``ARCHS`` / ``EXTRA_ARCHS`` to ``out_dir / name``."""
+    """Write the random checkpoint ``name`` of ``ARCHS`` / ``EXTRA_ARCHS`` / ``DEEPSEEK_ARCHS`` to ``out_dir / name``."""
     return Path(_dispatch("build_checkpoint", name=name, out_dir=str(out_dir), seed=seed))
 
 
@@ -363,20 +386,23 @@ def _write_random_checkpoint(config_class, config_kwargs, path, seed=0, dtype=No
 
     config_kwargs = dict(config_kwargs)
     perturb_norms = config_kwargs.pop("_perturb_norms", 0.0)  # std of noise added to every norm's weight
-    perturb = dict(config_kwargs.pop("_perturb", {}))  # name suffix -> std of noise added to those params
-    if perturb_norms:
-        perturb["norm.weight"] = perturb_norms
+    perturb = config_kwargs.pop("_perturb", {})  # name suffix -> std of noise added to those params / buffers
     config = getattr(transformers, config_class)(**config_kwargs)
     if seed is not None:
         torch.manual_seed(seed)
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
-    if perturb:
+    if perturb_norms:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                for suffix, std in perturb.items():
-                    if name.endswith(suffix):
-                        p.add_(torch.randn_like(p) * std)
+                if name.endswith("norm.weight"):
+                    p.add_(torch.randn_like(p) * perturb_norms)
+    if perturb:
+        with torch.no_grad():
+            for name, t in model.state_dict(keep_vars=True).items():
+                std = next((v for k, v in perturb.items() if name.endswith(k)), 0.0)
+                if std:
+                    t.add_(torch.randn_like(t) * std)
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
     save_kwargs = {"safe_serialization": True}
@@ -389,7 +415,7 @@ def _write_random_checkpoint(config_class, config_kwargs, path, seed=0, dtype=No
 
 
 def _build_checkpoint(name, out_dir, seed=0):
-    cls_name, kwargs = ARCHS[name] if name in ARCHS else EXTRA_ARCHS[name]
+    cls_name, kwargs = {**ARCHS, **EXTRA_ARCHS, **DEEPSEEK_ARCHS}[name]
     return _write_random_checkpoint(cls_name, kwargs, Path(out_dir) / name, seed=seed,
                                     attn_implementation="eager")
 

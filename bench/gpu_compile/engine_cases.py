@@ -59,9 +59,11 @@ def _step_build(model: str, kind: str, tokens: int, layers: int | None, tp: int,
     max_blocks = MAX_MODEL_LEN // BLOCK_SIZE
     num_blocks = 1 + PLAN.max_num_seqs * max_blocks
     if tp == 1:
-        cache_one = jax.ShapeDtypeStruct((num_blocks, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim), BF16)
+        from jaxinfer.model.kv_cache import kv_cache_array_shape
+
+        cache_one = jax.ShapeDtypeStruct(kv_cache_array_shape(cfg, num_blocks, BLOCK_SIZE), BF16)  # MLA: the latent
         params = fuse_qkv_weights(weights.abstract_params(cfg, BF16))  # as load_model places them on one GPU
-        args = compiler.place((params, [(cache_one, cache_one)] * cfg.num_layers,
+        args = compiler.place((params, [(cache_one,) * cfg.kv_cache_arrays] * cfg.num_layers,
                                abstract_batch(shape, max_blocks)))
         step = make_step_fn(cfg, "pallas", interpret=False)
     else:

@@ -1,9 +1,10 @@
 """Frozen model configuration, parsed from a Hugging Face ``config.json``.
 
 One dataclass describes every supported decoder (Llama, Mistral, Qwen2, Qwen3, and the mixture-of-experts
-Mixtral, Qwen2-MoE, Qwen3-MoE): the differences between them are flags and sizes (q/k/v bias, q/k RMSNorm,
-tied embeddings, number of experts, a shared expert) rather than subclasses. The config is hashable so it
-can be a static argument of jitted functions.
+Mixtral, Qwen2-MoE, Qwen3-MoE; DeepSeek-V2 / V3's latent attention, parsed by ``jaxinfer.config.deepseek``):
+the differences between them are flags and sizes (q/k/v bias, q/k RMSNorm, tied embeddings, number of
+experts, a shared expert) rather than subclasses. The config is hashable so it can be a static argument of
+jitted functions.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jaxinfer.config.deepseek import DEEPSEEK_FAMILIES, deepseek_num_params, deepseek_to_hf, from_deepseek_dict, \
+    mla_attention_scale
 from jaxinfer.config.rope import RopeScaling, parse_rope_scaling, rope_inv_freq  # noqa: F401 (re-exported)
 
 # HF `architectures[0]` -> our family name. Anything else is refused by name.
@@ -28,6 +31,8 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3_text",
     "Phi3ForCausalLM": "phi3",
     "GptOssForCausalLM": "gpt_oss",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
@@ -89,6 +94,21 @@ class ModelConfig:
     expert_bias: bool = False
     swiglu_limit: float | None = None  # None: the plain SwiGLU silu(gate) * up
     swiglu_alpha: float = 1.702
+    # DeepSeek-V2 / V3 (``jaxinfer.config.deepseek``): multi-head latent attention when kv_lora_rank > 0 (then
+    # num_kv_heads is 1 and head_dim the RoPE width); the first ``first_k_dense_replace`` layers are dense;
+    # routing by ``topk_method`` over ``n_group`` groups; ``num_shared_experts`` ungated shared experts.
+    kv_lora_rank: int = 0
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+    first_k_dense_replace: int = 0
+    topk_method: str = ""  # "" (softmax top-k, moe.route) or a DeepSeek method (jaxinfer.model.deepseek_moe)
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    num_shared_experts: int = 0
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -137,8 +157,33 @@ class ModelConfig:
         return self.max_position_embeddings
 
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek): the cache holds one latent row per token and layer."""
+        return self.kv_lora_rank > 0
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Whether layer ``layer``'s MLP is the MoE block (DeepSeek: not the first ``first_k_dense_replace``)."""
+        return self.is_moe and layer >= self.first_k_dense_replace
+
+    @property
+    def kv_cache_arrays(self) -> int:
+        """Cache arrays per layer: K and V, or MLA's one latent array."""
+        return 1 if self.is_mla else 2
+
+    @property
+    def kv_cache_head_dim(self) -> int:
+        """Width of one cached head: head_dim, or MLA's latent row (kv_lora_rank + qk_rope_head_dim)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    def kv_cache_bytes_per_token(self, itemsize: int) -> int:
+        """Bytes of cache one token takes over all layers."""
+        return self.kv_cache_arrays * self.num_layers * self.num_kv_heads * self.kv_cache_head_dim * itemsize
+
+    @property
     def attention_scale(self) -> float:
         """What the attention scores are multiplied by: 1/sqrt(head_dim), or 1/sqrt(query_pre_attn_scalar)."""
+        if self.is_mla:
+            return mla_attention_scale(self)
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
@@ -169,6 +214,8 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied; every expert of an MoE model)."""
+        if self.architecture in DEEPSEEK_FAMILIES:
+            return deepseek_num_params(self)
         h = self.hidden_size
         attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
         if self.attention_bias:
@@ -189,7 +236,8 @@ class ModelConfig:
     @property
     def num_active_params(self) -> int:
         """Parameters one token uses: ``num_params`` less the experts it is not routed to (equal for dense)."""
-        unused = self.num_layers * (self.num_experts - self.num_experts_per_tok) * self.expert_params
+        moe_layers = sum(self.layer_is_moe(i) for i in range(self.num_layers))
+        unused = moe_layers * (self.num_experts - self.num_experts_per_tok) * self.expert_params
         return self.num_params - unused
 
     @classmethod
@@ -207,6 +255,8 @@ class ModelConfig:
         family = SUPPORTED_ARCHITECTURES[arch_name]
         if family in GEMMA_FAMILIES:
             return cls._from_gemma_dict(d, family)
+        if family in DEEPSEEK_FAMILIES:
+            return cls(**from_deepseek_dict(d, family))
         num_heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
         head_dim = d.get("head_dim") or hidden // num_heads
@@ -326,6 +376,8 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
         }
+        if self.architecture in DEEPSEEK_FAMILIES:
+            return deepseek_to_hf(self, d)
         if self.architecture in ("llama", "qwen3_moe"):
             d["attention_bias"] = self.attention_bias
         if self.architecture in ("mixtral", "gpt_oss"):

@@ -1,5 +1,5 @@
 """The decoder as pure functions over a params pytree (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3;
-MoE: Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS).
+MoE: Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS; DeepSeek-V2 / V3, whose latent attention is ``jaxinfer.model.mla``).
 
 ``forward(params, kv_cache, batch, cfg, attn_fn, moe_fn=...)`` runs one ragged step: it embeds the flat
 tokens, and per layer writes the new keys and values into the paged cache and attends over it, then returns
@@ -120,12 +120,17 @@ def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_
         with jax.named_scope(f"layer{i}"):
             cos, sin = rope[cfg.layer_uses_local_rope(i)]
             h = rms_norm(x, lp["attn_norm"], eps, offset)
-            attn_out, layer_cache = attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn, i)
+            if cfg.is_mla:  # DeepSeek's latent attention over the compressed cache (jaxinfer.model.mla)
+                from jaxinfer.model.mla import mla_attention_block
+
+                attn_out, layer_cache = mla_attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn)
+            else:
+                attn_out, layer_cache = attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn, i)
             if cfg.sandwich_norms:
                 attn_out = rms_norm(attn_out, lp["post_attn_norm"], eps, offset)
             x = x + attn_out
             h = rms_norm(x, lp["mlp_norm"], eps, offset)
-            mlp_out = moe_fn(lp, h, valid, cfg) if cfg.is_moe else mlp_block(lp, h, act)
+            mlp_out = moe_fn(lp, h, valid, cfg) if cfg.layer_is_moe(i) else mlp_block(lp, h, act)
             if cfg.sandwich_norms:
                 mlp_out = rms_norm(mlp_out, lp["post_mlp_norm"], eps, offset)
             x = x + mlp_out

@@ -230,6 +230,10 @@ def moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "a
     ``lp`` holds this device's shards and the result is this device's partial sum; ``tensor_rank`` is the
     device's place among those that split the same experts' FFN: only rank 0 adds the experts' down-projection
     bias, so the sum over devices holds it once."""
+    if cfg.topk_method:  # DeepSeek's routing and ungated shared experts: jaxinfer.model.deepseek_moe
+        from jaxinfer.model.deepseek_moe import deepseek_moe_block
+
+        return deepseek_moe_block(lp, x, valid, cfg, expert_offset=expert_offset, impl=impl)
     weights, ids = route(x, lp["router"], cfg, valid, lp.get("router_bias"))
     biases = (None, None, None)
     if cfg.expert_bias:

@@ -45,7 +45,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxinfer.config.model import ModelConfig
 from jaxinfer.model import moe, weights
-from jaxinfer.model.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
+from jaxinfer.model.kv_cache import allocate_kv_cache, kv_cache_array_shape, kv_cache_bytes_per_block
 from jaxinfer.quantization.quantized_weight import QuantizedWeight, is_quantized
 from jaxinfer.quantization.quantized_weight import logical_axes as quant_logical_axes
 from sharding import ops, rules
@@ -68,6 +68,11 @@ def validate(cfg: ModelConfig, tensor_parallel_size: int, expert_parallel_size: 
             f"this {cfg.architecture} model is dense: turn expert parallelism off"
         )
     dims = []  # the vocabulary is padded to an even split (``vocab_padding``), never refused
+    if cfg.is_mla and (cfg.first_k_dense_replace or not cfg.is_moe):  # DeepSeek's dense layers
+        dims.append(("intermediate_size", cfg.intermediate_size, "mlp"))
+    if cfg.num_shared_experts:
+        dims.append(("n_shared_experts * moe_intermediate_size", cfg.num_shared_experts * cfg.moe_intermediate_size,
+                     "mlp"))
     if cfg.is_moe:
         dims.append(("num_experts", cfg.num_experts, "experts"))
         dims.append(("moe_intermediate_size", cfg.moe_intermediate_size, "expert_mlp"))
@@ -105,7 +110,8 @@ class ShardingPlan:
     def create(cls, cfg: ModelConfig, mesh: Mesh) -> "ShardingPlan":
         tp, ep = mesh.size, mesh.shape[EXPERT]
         validate(cfg, tp, ep)
-        run_cfg = dataclasses.replace(cfg, num_kv_heads=rules.kv_heads_on_devices(cfg.num_kv_heads, tp),
+        kv_heads = cfg.num_kv_heads if cfg.is_mla else rules.kv_heads_on_devices(cfg.num_kv_heads, tp)
+        run_cfg = dataclasses.replace(cfg, num_kv_heads=kv_heads,
                                       vocab_padding=vocab_padding(cfg.vocab_size, rules.shards("vocab", tp, ep)))
         return cls(mesh, cfg, run_cfg)
 
@@ -230,19 +236,21 @@ class ShardingPlan:
     # ---------------------------------------------------------------- KV cache
     @property
     def kv_cache_sharding(self) -> NamedSharding:
-        return self.named(KV_CACHE_AXES)
+        """Split by KV head; MLA's one latent array per layer is replicated (every device's heads read it all)."""
+        return self.replicated if self.cfg.is_mla else self.named(KV_CACHE_AXES)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype) -> list:
         return allocate_kv_cache(self.cfg, num_blocks, block_size, dtype, sharding=self.kv_cache_sharding)
 
     def abstract_kv_cache(self, num_blocks: int, block_size: int, dtype) -> list:
-        shape = (num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
+        shape = kv_cache_array_shape(self.cfg, num_blocks, block_size)
         one = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=self.kv_cache_sharding)
-        return [(one, one) for _ in range(self.cfg.num_layers)]
+        return [(one,) * self.cfg.kv_cache_arrays for _ in range(self.cfg.num_layers)]
 
     def kv_cache_bytes_per_block_per_device(self, block_size: int, dtype) -> int:
         """What one more KV block costs each device (size the KV pool from per-device free memory)."""
-        return kv_cache_bytes_per_block(self.cfg, block_size, dtype) // self.tensor_parallel_size
+        shards = 1 if self.cfg.is_mla else self.tensor_parallel_size  # MLA's latent cache is replicated
+        return kv_cache_bytes_per_block(self.cfg, block_size, dtype) // shards
 
     # ----------------------------------------------------------- step in / out
     @property
@@ -261,7 +269,7 @@ class ShardingPlan:
         return ops.replicate(self.mesh)
 
     def shard_attention(self, attn_fn):
-        return ops.shard_attention(attn_fn, self.mesh)
+        return ops.shard_attention(attn_fn, self.mesh, cache_axes=(None,) * 4 if self.cfg.is_mla else KV_CACHE_AXES)
 
     def moe_fn(self, impl: str = "auto"):
         """A ``moe_fn(lp, x, valid, cfg)`` for ``model.forward``: on one device the plain MoE block, else each
@@ -269,7 +277,8 @@ class ShardingPlan:
         if self.mesh.size == 1:  # nothing to split: no shard_map, no (trivial) all-reduce
             return functools.partial(moe.moe_block, impl=impl)
         cfg = self.cfg
-        layer_specs = weights.param_specs(cfg)["layers"][0]
+        moe_layer = next((i for i in range(cfg.num_layers) if cfg.layer_is_moe(i)), 0)  # DeepSeek: dense ones first
+        layer_specs = weights.param_specs(cfg)["layers"][moe_layer]
         param_axes = {k: layer_specs[k].logical_axes for k in MOE_KEYS if k in layer_specs}
 
         def local(lp, x, valid, expert_offset, tensor_rank):

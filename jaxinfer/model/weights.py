@@ -48,6 +48,8 @@ the even columns, up the odd ones: ``expert_w_gate`` / ``expert_w_up``), ``mlp.e
 their biases ``expert_b_gate`` / ``expert_b_up`` ``[E, Fe]`` and ``expert_b_down`` ``[E, H]`` (axes (experts,
 expert_mlp) / (experts, embed)), and ``mlp.router.{weight,bias}`` (``router``, ``router_bias`` ``[E]``).
 
+A DeepSeek layer (multi-head latent attention) is declared by ``jaxinfer.model.mla_weights``.
+
 V vocab (``cfg.padded_vocab_size``: with the rows a tensor-parallel split pads on), H hidden, F
 intermediate, Hq / Hkv query / key-value heads, D head_dim, E experts, Fe / Fs the
 routed / shared experts' widths. ``q_heads`` and ``kv_heads`` name a flattened ``heads * head_dim`` axis
@@ -185,6 +187,10 @@ def _norm_init(cfg: ModelConfig) -> str:
 
 
 def _layer_specs(cfg: ModelConfig, i: int) -> dict[str, ParamSpec]:
+    if cfg.is_mla:  # DeepSeek-V2 / V3: latent attention, dense then MoE layers (jaxinfer.model.mla_weights)
+        from jaxinfer.model.mla_weights import mla_layer_specs
+
+        return mla_layer_specs(cfg, i)
     h, f, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
     pre = f"model.layers.{i}"
     norm = _norm_init(cfg)

@@ -73,6 +73,10 @@ def layer_bounds(lp: dict, cfg: ModelConfig) -> tuple[float, float]:
 
 def kv_scales(params: dict, cfg: ModelConfig) -> list[tuple[float, float]]:
     """Per layer ``(k_scale, v_scale)``: the layer's bound / 448 (1.0 for an all-zero projection)."""
+    if cfg.is_mla:
+        raise NotImplementedError(f"kv_cache_dtype='fp8' is not implemented for {cfg.architecture} (multi-head latent "
+                                  "attention caches a latent row, not K and V: no K/V projection to fold a scale "
+                                  "into); use kv_cache_dtype='auto'")
     scales = []
     for lp in params["layers"]:
         scales.append(tuple(b / E4M3_MAX if b > 0 else 1.0 for b in layer_bounds(lp, cfg)))
