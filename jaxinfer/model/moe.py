@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.config.model import ModelConfig
+from jaxinfer.model.deepseek_moe import route_deepseek
 from jaxinfer.model.linear import linear
 
 TILES = "tiles"
@@ -182,13 +183,14 @@ def moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "a
 
     Under expert or tensor parallelism (see ``ShardingPlan.moe_fn`` in ``jaxinfer.model.sharding_plan``)
     ``lp`` holds this device's shards and the result is this device's partial sum."""
-    if cfg.topk_method:  # DeepSeek's routing and ungated shared experts: jaxinfer.model.deepseek_moe
-        from jaxinfer.model.deepseek_moe import deepseek_moe_block
-
-        return deepseek_moe_block(lp, x, valid, cfg, expert_offset=expert_offset, impl=impl)
-    weights, ids = route(x, lp["router"], cfg, valid)
+    if cfg.topk_method:  # DeepSeek: group-limited / sigmoid routing (jaxinfer.model.deepseek_moe)
+        weights, ids = route_deepseek(x, lp, cfg, valid)
+    else:
+        weights, ids = route(x, lp["router"], cfg, valid)
     out = routed_experts(x, weights, ids, valid, lp["expert_w_gate"], lp["expert_w_up"], lp["expert_w_down"],
                          expert_offset=expert_offset, impl=impl)
     if "shared_gate" in lp:
         out = out + shared_expert(lp, x)
+    elif "shared_w_gate" in lp:  # DeepSeek's shared experts: no gate
+        out = out + _expert_ffn(x, lp["shared_w_gate"], lp["shared_w_up"], lp["shared_w_down"]).astype(jnp.float32)
     return out.astype(x.dtype)
