@@ -26,6 +26,7 @@ from jaxinfer.model.attention import soft_cap_scores
 from jaxinfer.model.fused_qkv import qkv_projection
 from jaxinfer.model.kv_cache import KVCache, write_kv
 from jaxinfer.model.linear import linear
+from jaxinfer.model.mla import mla_attention_block
 from jaxinfer.model.moe import moe_block
 from jaxinfer.model.step_batch import StepBatch
 
@@ -121,9 +122,8 @@ def forward(params, kv_cache: KVCache, batch: StepBatch, cfg: ModelConfig, attn_
             cos, sin = rope[cfg.layer_uses_local_rope(i)]
             h = rms_norm(x, lp["attn_norm"], eps, offset)
             if cfg.is_mla:  # DeepSeek's latent attention over the compressed cache (jaxinfer.model.mla)
-                from jaxinfer.model.mla import mla_attention_block
-
-                attn_out, layer_cache = mla_attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn)
+                attn_out, layer_cache = mla_attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn,
+                                                            rms_norm, apply_rope)
             else:
                 attn_out, layer_cache = attention_block(lp, h, cos, sin, layer_cache, batch, cfg, attn_fn, i)
             if cfg.sandwich_norms:

@@ -1,9 +1,9 @@
-"""DeepSeek-V2 / V3's mixture of experts: group-limited routing, V3's sigmoid scores and correction bias, shared
-experts without a gate.
+"""DeepSeek-V2 / V3's router: group-limited top-k, V3's sigmoid scores and correction bias.
 
-``deepseek_moe_block(lp, x, valid, cfg)`` is what ``jaxinfer.model.moe.moe_block`` runs for a config with a
-``topk_method``; the routed experts themselves are ``moe.routed_experts`` (tiles / ragged_dot, expert
-parallelism by ``expert_offset``), exactly as for the other MoE families. The router runs in float32, as HF
+``jaxinfer.model.moe.moe_block`` routes with ``route_deepseek`` for a config with a ``topk_method``, then runs
+the routed experts as for every MoE family (``moe.routed_experts``: tiles / ragged_dot, expert parallelism by
+``expert_offset``) and adds DeepSeek's shared experts (``num_shared_experts`` of them, one MLP
+``n * moe_intermediate_size`` wide) with weight 1: no gate, unlike Qwen2-MoE's. The router runs in float32, as HF
 keeps ``gate.weight`` (and V3's ``e_score_correction_bias``) in float32:
 
 * "greedy" (V2): softmax over all experts, the top-k;
@@ -15,9 +15,7 @@ keeps ``gate.weight`` (and V3's ``e_score_correction_bias``) in float32:
   (denominator + 1e-20, as HF).
 
 The weights are then multiplied by ``routed_scaling_factor``. HF's V2 router ignores ``norm_topk_prob``, and so
-does this one. The shared experts (``num_shared_experts`` of them, one MLP ``n * moe_intermediate_size`` wide)
-are added for every token with weight 1; under tensor parallelism each device adds its FFN slice to its
-partial sum (``ShardingPlan.moe_fn`` sums the partials once).
+does this one.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ import jax.numpy as jnp
 
 from jaxinfer.config.model import ModelConfig
 from jaxinfer.model.linear import linear
-from jaxinfer.model.moe import _expert_ffn, routed_experts
 
 
 def _keep_best_groups(group_scores, cfg: ModelConfig):
@@ -41,11 +38,11 @@ def route_deepseek(x, lp, cfg: ModelConfig, valid):
     """(weights [T, k] float32, expert ids [T, k] int32) by ``cfg.topk_method``; padding rows weigh 0."""
     logits = linear(x, lp["router"], out_dtype=jnp.float32)
     num_tokens, k = logits.shape[0], cfg.num_experts_per_tok
-    grouped = logits.reshape(num_tokens, cfg.n_group, cfg.num_experts // cfg.n_group)
+    grouped = (num_tokens, cfg.n_group, cfg.num_experts // cfg.n_group)
     if cfg.topk_method == "noaux_tc":
         scores = jax.nn.sigmoid(logits)
         choice = scores + lp["router_bias"].astype(jnp.float32)
-        top2 = jax.lax.top_k(choice.reshape(grouped.shape), 2)[0].sum(-1)
+        top2 = jax.lax.top_k(choice.reshape(grouped), 2)[0].sum(-1)
         choice = jnp.where(_keep_best_groups(top2, cfg), choice, -jnp.inf)
         _, ids = jax.lax.top_k(choice, k)
         weights = jnp.take_along_axis(scores, ids, axis=1)
@@ -54,18 +51,7 @@ def route_deepseek(x, lp, cfg: ModelConfig, valid):
     else:
         scores = jax.nn.softmax(logits, axis=-1)
         if cfg.topk_method == "group_limited_greedy":
-            best = scores.reshape(grouped.shape).max(-1)
-            scores = jnp.where(_keep_best_groups(best, cfg), scores, 0.0)
+            scores = jnp.where(_keep_best_groups(scores.reshape(grouped).max(-1), cfg), scores, 0.0)
         weights, ids = jax.lax.top_k(scores, k)
     weights = weights * cfg.routed_scaling_factor
     return jnp.where(valid[:, None], weights, 0.0), ids.astype(jnp.int32)
-
-
-def deepseek_moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "auto"):
-    """One DeepSeek MoE layer: x [T, H] -> [T, H] (under expert / tensor parallelism, this device's partial)."""
-    weights, ids = route_deepseek(x, lp, cfg, valid)
-    out = routed_experts(x, weights, ids, valid, lp["expert_w_gate"], lp["expert_w_up"], lp["expert_w_down"],
-                         expert_offset=expert_offset, impl=impl)
-    if "shared_w_gate" in lp:
-        out = out + _expert_ffn(x, lp["shared_w_gate"], lp["shared_w_up"], lp["shared_w_down"]).astype(jnp.float32)
-    return out.astype(x.dtype)

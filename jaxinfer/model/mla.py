@@ -21,7 +21,7 @@ given the same array as ``k_cache`` and ``v_cache``; of its output the first ``k
 (``(dn + dr) ** -0.5``, YaRN's ``mscale_all_dim`` squared on top: ``ModelConfig.attention_scale``).
 
 RoPE: DeepSeek rotates (even, odd) pairs (V2 always, V3 with ``rope_interleave``). Gathering the evens then the
-odds turns that into the half-split rotation ``decoder.apply_rope`` computes, on q_pe and k_pe alike, which
+odds turns that into the half-split rotation the decoder's ``apply_rope`` computes, on q_pe and k_pe alike, which
 leaves every q_pe . k_pe as HF has it (V3's interleaved output is exactly this order; V2's differs from it by
 the same permutation of q's and k's dimensions).
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxinfer.config.model import ModelConfig
-from jaxinfer.model.decoder import apply_rope, rms_norm
 from jaxinfer.model.kv_cache import write_kv
 from jaxinfer.model.linear import linear
 from jaxinfer.model.step_batch import StepBatch
@@ -45,7 +44,7 @@ def deinterleave(x):
     return jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
 
 
-def mla_queries_and_latent(lp, x, cos, sin, cfg: ModelConfig):
+def mla_queries_and_latent(lp, x, cos, sin, cfg: ModelConfig, rms_norm, apply_rope):
     """(q_nope [T, Hq, dn], q_pe [T, Hq, dr] rotated, latent row [T, 1, R + dr]) of the normed input x [T, H]."""
     num_tokens, dn, dr, r = x.shape[0], cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
     if "wq" in lp:
@@ -63,10 +62,12 @@ def mla_queries_and_latent(lp, x, cos, sin, cfg: ModelConfig):
     return q_nope, q_pe, jnp.concatenate([c_kv[:, None, :], k_pe.astype(c_kv.dtype)], axis=-1)
 
 
-def mla_attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelConfig, attn_fn):
-    """One MLA layer's attention: (output [T, H], new layer cache ``(latent,)``)."""
+def mla_attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: ModelConfig, attn_fn, rms_norm,
+                        apply_rope):
+    """One MLA layer's attention: (output [T, H], new layer cache ``(latent,)``). ``rms_norm`` and ``apply_rope``
+    are the decoder's (``jaxinfer.model.decoder``, which imports this module, hands them in)."""
     num_tokens, dn, r = x.shape[0], cfg.qk_nope_head_dim, cfg.kv_lora_rank
-    q_nope, q_pe, latent = mla_queries_and_latent(lp, x, cos, sin, cfg)
+    q_nope, q_pe, latent = mla_queries_and_latent(lp, x, cos, sin, cfg, rms_norm, apply_rope)
     cache = write_kv(layer_cache[0], latent, batch.slot_mapping)
     w_kv_b = lp["wkv_b"].reshape(r, cfg.num_heads, dn + cfg.v_head_dim)
     q_latent = jnp.einsum("thn,rhn->thr", q_nope, w_kv_b[..., :dn])  # W_UK absorbed into the query

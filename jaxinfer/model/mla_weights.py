@@ -1,7 +1,7 @@
 """The parameters of one DeepSeek-V2 / V3 layer (multi-head latent attention, dense or MoE MLP).
 
 ``mla_layer_specs(cfg, i)`` is what ``jaxinfer.model.weights.param_specs`` puts at ``layers[i]`` for a DeepSeek
-config (the declaration format and everything derived from it are ``weights``')::
+config (the declaration format and everything derived from it are ``jaxinfer.model.weights``')::
 
     path                  shape                  logical axes        HF tensor under model.layers.{i} (transposed)
     attn_norm             [H]                    (embed,)            input_layernorm.weight
@@ -28,11 +28,13 @@ latent projections (``wkv_a``, ``kv_a_norm``, ``wq_a``) are replicated: every de
 from __future__ import annotations
 
 from jaxinfer.config.model import ModelConfig
-from jaxinfer.model.weights import ParamSpec, _experts, _linear, _norm_init, _vector
 
 
-def mla_layer_specs(cfg: ModelConfig, i: int) -> dict[str, ParamSpec]:
-    h, heads, norm = cfg.hidden_size, cfg.num_heads, _norm_init(cfg)
+def mla_layer_specs(cfg: ModelConfig, i: int, _linear, _vector, _experts) -> dict:
+    """Layer ``i``'s ``{name: ParamSpec}``, built with ``weights``' constructors (``weights`` imports this module and
+    hands them in): ``_linear(hf_name, n_in, n_out, axes)``, ``_vector(hf_name, n, axis, init)``,
+    ``_experts(hf_name, n, n_in, n_out, axes)``."""
+    h, heads, norm = cfg.hidden_size, cfg.num_heads, "ones"
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     pre, attn = f"model.layers.{i}", f"model.layers.{i}.self_attn"
     specs = {"attn_norm": _vector(f"{pre}.input_layernorm.weight", h, "embed", norm)}

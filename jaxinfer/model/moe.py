@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.config.model import ModelConfig
+from jaxinfer.model.deepseek_moe import route_deepseek
 from jaxinfer.model.linear import linear
 
 TILES = "tiles"
@@ -230,11 +231,10 @@ def moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "a
     ``lp`` holds this device's shards and the result is this device's partial sum; ``tensor_rank`` is the
     device's place among those that split the same experts' FFN: only rank 0 adds the experts' down-projection
     bias, so the sum over devices holds it once."""
-    if cfg.topk_method:  # DeepSeek's routing and ungated shared experts: jaxinfer.model.deepseek_moe
-        from jaxinfer.model.deepseek_moe import deepseek_moe_block
-
-        return deepseek_moe_block(lp, x, valid, cfg, expert_offset=expert_offset, impl=impl)
-    weights, ids = route(x, lp["router"], cfg, valid, lp.get("router_bias"))
+    if cfg.topk_method:  # DeepSeek: group-limited / sigmoid routing (jaxinfer.model.deepseek_moe)
+        weights, ids = route_deepseek(x, lp, cfg, valid)
+    else:
+        weights, ids = route(x, lp["router"], cfg, valid, lp.get("router_bias"))
     biases = (None, None, None)
     if cfg.expert_bias:
         b_down = lp["expert_b_down"]
@@ -247,4 +247,6 @@ def moe_block(lp, x, valid, cfg: ModelConfig, *, expert_offset=0, impl: str = "a
                          expert_offset=expert_offset, impl=impl, glu=gated_activation(cfg), biases=biases)
     if "shared_gate" in lp:
         out = out + shared_expert(lp, x)
+    elif "shared_w_gate" in lp:  # DeepSeek's shared experts: no gate
+        out = out + _expert_ffn(x, lp["shared_w_gate"], lp["shared_w_up"], lp["shared_w_down"]).astype(jnp.float32)
     return out.astype(x.dtype)

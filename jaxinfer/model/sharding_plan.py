@@ -277,7 +277,7 @@ class ShardingPlan:
         if self.mesh.size == 1:  # nothing to split: no shard_map, no (trivial) all-reduce
             return functools.partial(moe.moe_block, impl=impl)
         cfg = self.cfg
-        moe_layer = next((i for i in range(cfg.num_layers) if cfg.layer_is_moe(i)), 0)  # DeepSeek: dense ones first
+        moe_layer = next((i for i in range(cfg.num_layers) if cfg.layer_is_moe(i)), 0)  # DeepSeek: dense first
         layer_specs = weights.param_specs(cfg)["layers"][moe_layer]
         param_axes = {k: layer_specs[k].logical_axes for k in MOE_KEYS if k in layer_specs}
 

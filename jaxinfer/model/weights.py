@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.config.model import ModelConfig
+from jaxinfer.model.mla_weights import mla_layer_specs
 
 Path = tuple[str | int, ...]  # a location in the params pytree, e.g. ("layers", 3, "wq")
 
@@ -188,9 +189,7 @@ def _norm_init(cfg: ModelConfig) -> str:
 
 def _layer_specs(cfg: ModelConfig, i: int) -> dict[str, ParamSpec]:
     if cfg.is_mla:  # DeepSeek-V2 / V3: latent attention, dense then MoE layers (jaxinfer.model.mla_weights)
-        from jaxinfer.model.mla_weights import mla_layer_specs
-
-        return mla_layer_specs(cfg, i)
+        return mla_layer_specs(cfg, i, _linear, _vector, _experts)
     h, f, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
     pre = f"model.layers.{i}"
     norm = _norm_init(cfg)
