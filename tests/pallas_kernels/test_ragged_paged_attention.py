@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pallas_kernels import gpu_target
-from pallas_kernels.ragged_paged_attention import (
+from pallas_kernels.paged_attention_launch import (
     default_block_q,
+    default_heads_per_program,
     default_launch,
     default_num_kv_splits,
-    ragged_paged_attention,
-    ragged_paged_attention_reference,
 )
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention, ragged_paged_attention_reference
 
 # jax >= 0.11 warns on every Triton lowering; the Triton backend is still the one we want.
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
@@ -47,6 +47,8 @@ class Config:
     block_q: int | None = None
     soft_cap: float | None = None  # Gemma 2's attention logit soft-capping
     sinks: bool = False  # GPT-OSS's per-head logit in the denominator (random, per head)
+    value_dim: int | None = None  # latent rows (MLA): one cache, values = the keys' first value_dim lanes
+    heads_per_program: int | None = None
 
 
 # A pairwise cover of: GQA ratio 1/2/4/8 and non-power-of-two 3/7, MQA; head_dim 64/80/96/128;
@@ -65,6 +67,13 @@ CONFIGS = [
     Config(4, 2, 64, num_kv_splits=2, soft_cap=0.7),
     Config(8, 2, 64, sliding_window=16, sinks=True),  # GPT-OSS: sinks, on a window
     Config(4, 1, 64, num_kv_splits=3, sinks=True),  # split-K: the sink counted once, by split 0
+    Config(7, 1, 64, heads_per_program=4),  # 2 head blocks per kv head, the second one 3 of 4 heads
+    Config(8, 2, 64, heads_per_program=2, num_kv_splits=2, block_q=8),
+    # MLA's latent rows: K = [latent, rope key], V = the latent; the q . k dot in two parts
+    Config(16, 1, 80, value_dim=64),  # 64 + 16 lanes, all 16 heads in one program
+    Config(32, 1, 80, value_dim=64, heads_per_program=8, num_kv_splits=3),  # 4 head blocks, split-K
+    Config(12, 1, 48, value_dim=40, heads_per_program=4, kv_pages_per_step=1),  # 40 + 8 lanes, both padded
+    Config(8, 2, 80, value_dim=64, sliding_window=19, num_kv_splits=2),  # GQA over latent rows, a window
 ]
 
 
@@ -130,13 +139,13 @@ def build_inputs(cfg: Config, batch: Batch, dtype=np.float32):
         block_tables[s, num_pages:] = rng.choice(spare, MAX_BLOCKS - num_pages)
     k[~live] = np.nan
     v[~live] = np.nan
+    as_v = (lambda x: None) if cfg.value_dim is not None else (lambda x: x.astype(dtype))  # latent: no V cache
     metadata = dict(block_tables=block_tables, cu_q_lens=cu_q_lens,
                     kv_lens=kv_lens.astype(np.int32))
-    reference_inputs = dict(q=q.astype(dtype), k_cache=k.astype(dtype), v_cache=v.astype(dtype),
-                            **metadata)
+    reference_inputs = dict(q=q.astype(dtype), k_cache=k.astype(dtype), v_cache=as_v(v), **metadata)
     k[out_of_window] = np.nan
     v[out_of_window] = np.nan
-    kernel_inputs = dict(reference_inputs, k_cache=k.astype(dtype), v_cache=v.astype(dtype))
+    kernel_inputs = dict(reference_inputs, k_cache=k.astype(dtype), v_cache=as_v(v))
     return kernel_inputs, reference_inputs
 
 
@@ -149,7 +158,7 @@ def sinks_of(cfg: Config):
 
 def kernel_kwargs(cfg: Config):
     return dict(sm_scale=cfg.head_dim**-0.5, sliding_window=cfg.sliding_window, soft_cap=cfg.soft_cap,
-                sinks=sinks_of(cfg),
+                sinks=sinks_of(cfg), value_dim=cfg.value_dim, heads_per_program=cfg.heads_per_program,
                 num_kv_splits=cfg.num_kv_splits, kv_pages_per_step=cfg.kv_pages_per_step,
                 block_q=cfg.block_q)
 
@@ -159,7 +168,7 @@ def run_both(cfg: Config, kernel_inputs, reference_inputs):
     out = np.asarray(out.astype(jnp.float32))
     ref = np.asarray(ragged_paged_attention_reference(
         **reference_inputs, sm_scale=cfg.head_dim**-0.5, sliding_window=cfg.sliding_window, soft_cap=cfg.soft_cap,
-        sinks=sinks_of(cfg)).astype(jnp.float32))
+        sinks=sinks_of(cfg), value_dim=cfg.value_dim).astype(jnp.float32))
     return out, ref
 
 
@@ -169,6 +178,7 @@ def run_both(cfg: Config, kernel_inputs, reference_inputs):
 def test_kernel_matches_reference_fp32(cfg, batch):
     kernel_inputs, reference_inputs = build_inputs(cfg, batch)
     out, ref = run_both(cfg, kernel_inputs, reference_inputs)
+    assert out.shape == ref.shape == (NUM_TOKENS, cfg.num_q_heads, cfg.value_dim or cfg.head_dim)
     assert np.isfinite(ref).all()
     assert np.isfinite(out).all()
     num_valid = int(kernel_inputs["cu_q_lens"][-1])
@@ -229,6 +239,20 @@ def test_per_gpu_configuration():
     assert default_launch(16, 128, 2, 89) == (32, 4)  # Ada: mma.sync like Ampere
 
 
+def test_latent_rows_configuration():
+    """MLA's 512-lane accumulator: at most 32 rows (x 512) on every GPU and 8 warps on Hopper even at 16 rows
+    (what gpu-compile found spill-free); the heads of one latent row split into head blocks when they overflow."""
+    assert default_heads_per_program(16, 512, 90) == 16  # V2-Lite: all 16 heads in one program
+    assert default_heads_per_program(128, 512, 90) == 32  # V3: 4 head blocks
+    assert default_heads_per_program(128, 512, 80) == 32
+    assert default_heads_per_program(8, 128, 90) == 8  # plain GQA: the whole group, as before
+    assert default_heads_per_program(7, 128, None) == 8
+    assert default_block_q(512, 16, 16, head_dim=512, capability=90) == 2  # 2 tokens x 16 heads = 32 rows
+    assert default_block_q(8, 8, 128, head_dim=512, capability=90) == 1
+    assert default_launch(16, 512, 2, 90) == (64, 8)
+    assert default_launch(32, 512, 2, 80) == (32, 8)
+
+
 @pytest.mark.parametrize("kind, capability", [("NVIDIA A100-SXM4-80GB", 80), ("NVIDIA H200", 90),
                                               ("NVIDIA L4", 89), ("NVIDIA H100 80GB HBM3", 90)])
 def test_compile_target_comes_from_the_abstract_mesh(kind, capability):
@@ -251,7 +275,7 @@ def dense_causal_attention(q, k, v, sm_scale, sliding_window=None, soft_cap=None
     q_len, num_q_heads, _ = q.shape
     kv_len, num_kv_heads, _ = k.shape
     group = num_q_heads // num_kv_heads
-    out = np.zeros(q.shape, np.float64)
+    out = np.zeros((*q.shape[:2], v.shape[-1]), np.float64)
     for h in range(num_q_heads):
         for i in range(q_len):
             pos = kv_len - q_len + i
@@ -267,29 +291,33 @@ def dense_causal_attention(q, k, v, sm_scale, sliding_window=None, soft_cap=None
     return out
 
 
-@pytest.mark.parametrize("sliding_window, soft_cap, with_sinks", [(None, None, False), (21, None, False),
-                                                                 (None, 0.8, False), (21, None, True)])
-def test_reference_matches_dense_attention(sliding_window, soft_cap, with_sinks):
+@pytest.mark.parametrize("sliding_window, soft_cap, with_sinks, value_dim", [
+    (None, None, False, None), (21, None, False, None), (None, 0.8, False, None), (21, None, True, None),
+    (None, None, False, 24)])  # latent rows: the values are the keys' first 24 lanes
+def test_reference_matches_dense_attention(sliding_window, soft_cap, with_sinks, value_dim):
     rng = np.random.default_rng(1)
     kv_len, q_len, hq, hkv, d, num_blocks = 70, 9, 4, 2, 32, 10
     q = rng.standard_normal((q_len, hq, d)).astype(np.float32)
     k = rng.standard_normal((kv_len, hkv, d)).astype(np.float32)
     v = rng.standard_normal((kv_len, hkv, d)).astype(np.float32)
+    if value_dim is not None:
+        v = k[..., :value_dim]
     sinks = rng.normal(0, 2, hq).astype(np.float32) if with_sinks else None
     expected = dense_causal_attention(q, k, v, d**-0.5, sliding_window, soft_cap, sinks)
 
     pages = rng.permutation(num_blocks)[:5]  # 70 keys -> 5 pages of 16, scattered
     k_cache = np.full((num_blocks, BLOCK_SIZE, hkv, d), np.nan, np.float32)
-    v_cache = np.full((num_blocks, BLOCK_SIZE, hkv, d), np.nan, np.float32)
+    v_cache = np.full((num_blocks, BLOCK_SIZE, hkv, v.shape[-1]), np.nan, np.float32)
     for j in range(kv_len):
         k_cache[pages[j // BLOCK_SIZE], j % BLOCK_SIZE] = k[j]
         v_cache[pages[j // BLOCK_SIZE], j % BLOCK_SIZE] = v[j]
     q_padded = np.concatenate([q, np.full((3, hq, d), np.nan, np.float32)])
     block_tables = np.stack([np.concatenate([pages, [0, 0]]), np.zeros(7)]).astype(np.int32)
     got = np.asarray(ragged_paged_attention_reference(
-        q_padded, k_cache, v_cache, block_tables, np.array([0, q_len, q_len], np.int32),
+        q_padded, k_cache, None if value_dim else v_cache, block_tables, np.array([0, q_len, q_len], np.int32),
         np.array([kv_len, 0], np.int32), sm_scale=d**-0.5, sliding_window=sliding_window, soft_cap=soft_cap,
-        sinks=None if sinks is None else jnp.asarray(sinks)))
+        sinks=None if sinks is None else jnp.asarray(sinks), value_dim=value_dim))
+    assert got.shape == (q_len + 3, hq, value_dim or d)
     np.testing.assert_allclose(got[:q_len], expected, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(got[q_len:], 0.0)
 
@@ -321,8 +349,9 @@ def test_cross_lowers_for_cuda(dtype, head_dim, num_kv_splits):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 def test_fuzzed_configs_cross_lower_for_cuda(cfg):
-    _lower_for_cuda(_shapes(NUM_TOKENS, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, NUM_BLOCKS,
-                            MAX_BLOCKS, NUM_SLOTS, jnp.float32), **kernel_kwargs(cfg))
+    q, k, v, *rest = _shapes(NUM_TOKENS, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, NUM_BLOCKS, MAX_BLOCKS,
+                             NUM_SLOTS, jnp.float32)
+    _lower_for_cuda((q, k, None if cfg.value_dim else v, *rest), **kernel_kwargs(cfg))
 
 
 @pytest.mark.parametrize("shape", [
@@ -334,6 +363,14 @@ def test_fuzzed_configs_cross_lower_for_cuda(cfg):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: d.__name__)
 def test_model_shapes_cross_lower_for_cuda(shape, dtype):
     _lower_for_cuda(_shapes(**shape, dtype=dtype), sm_scale=0.1, sliding_window=4096)
+
+
+@pytest.mark.parametrize("heads, splits", [(16, 1), (128, 1), (16, 4)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: d.__name__)
+def test_latent_rows_cross_lower_for_cuda(dtype, heads, splits):
+    """DeepSeek's real rows: 512 latent + 64 rope lanes, one cache, V2-Lite's 16 and V3's 128 heads."""
+    q, cache, _, *rest = _shapes(64, heads, 1, 576, 256, 32, 8, dtype)
+    _lower_for_cuda((q, cache, None, *rest), sm_scale=0.1, value_dim=512, num_kv_splits=splits)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -350,6 +387,14 @@ def test_model_shapes_cross_lower_for_cuda(shape, dtype):
     (dict(block_q=4), "block_q"),  # 4 tokens x 2 heads < 16 rows
     (dict(kv_pages_per_step=3), "kv_pages_per_step"),
     (dict(num_kv_splits=0), "num_kv_splits"),
+    (dict(heads_per_program=3), "heads_per_program"),
+    (dict(v_cache=None), "give value_dim"),
+    (dict(value_dim=16), "latent rows only"),
+    (dict(v_cache=None, value_dim=32), "value_dim must be"),
+    (dict(q=np.zeros((4, 4, 288), np.float32), k_cache=np.zeros((8, 16, 2, 288), np.float32),
+          v_cache=np.zeros((8, 16, 2, 288), np.float32)), "head_dim 288 > 256"),
+    (dict(q=np.zeros((4, 4, 1088), np.float32), k_cache=np.zeros((8, 16, 2, 1088), np.float32), v_cache=None,
+          value_dim=1024), "at most 512"),
 ])
 def test_rejects_bad_arguments(change, message):
     args = dict(q=np.zeros((4, 4, 32), np.float32), k_cache=np.zeros((8, 16, 2, 32), np.float32),
