@@ -29,7 +29,8 @@ from sharding.rules import HEADS_ACTIVATION_AXES, KV_CACHE_AXES, partition_spec
 def shard_attention(attn_fn, mesh: Mesh, cache_axes=KV_CACHE_AXES):
     """``attn_fn`` (``fn(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, sm_scale=...)``) per device.
     ``cache_axes``: the caches' logical axes (split by KV head; all None: replicated, as MLA's latent cache). A
-    ``sinks`` option ([Hq], GPT-OSS) is split with the query heads; the other options are static."""
+    ``sinks`` option ([Hq], GPT-OSS) is split with the query heads; the other options are static. ``v_cache=None``
+    (latent rows, MLA) passes through as None."""
     if mesh.size == 1:
         return attn_fn
     heads, cache, rep = partition_spec(HEADS_ACTIVATION_AXES), partition_spec(cache_axes), PartitionSpec()
@@ -37,7 +38,11 @@ def shard_attention(attn_fn, mesh: Mesh, cache_axes=KV_CACHE_AXES):
 
     def sharded(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, sinks=None, **layer_options):
         fn = functools.partial(attn_fn, sm_scale=sm_scale, **layer_options)
-        args, specs = (q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens), (heads, cache, cache, rep, rep, rep)
+        if v_cache is None:  # latent rows (MLA): one cache, no V array to place
+            fn = lambda q, k, *a, f=fn: f(q, k, None, *a)  # noqa: E731
+            args, specs = (q, k_cache, block_tables, cu_q_lens, kv_lens), (heads, cache, rep, rep, rep)
+        else:
+            args, specs = (q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens), (heads, cache, cache, rep, rep, rep)
         if sinks is not None:
             fn = lambda *a, f=fn: f(*a[:-1], sinks=a[-1])  # noqa: E731
             args, specs = (*args, sinks), (*specs, head_vector)

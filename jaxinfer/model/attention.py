@@ -240,10 +240,12 @@ def _attend_query_blocks(q_TNH, k_cache, v_cache, block_tables, cu_q_lens, q_len
 def xla_ragged_paged_attention(
     q_TNH, k_cache, v_cache, block_tables, cu_q_lens, kv_lens, *, sm_scale, query_width=None, sliding_window=None,
     decode_chunk_bytes=_DECODE_CHUNK_BYTES, prefill_q_block=_PREFILL_Q_BLOCK, prefill_k_block=_PREFILL_K_BLOCK,
-    cpu_kernel=None, soft_cap=None, sinks=None,
+    cpu_kernel=None, soft_cap=None, sinks=None, value_dim=None,
 ):
     """q_TNH [T, Hq, D]; caches [N, BS, Hkv, D]; block_tables [S, MB]; cu_q_lens [S+1]; kv_lens [S].
-    Returns [T, Hq, D] (zeros for padding tokens).
+    Returns [T, Hq, D] (zeros for padding tokens). ``v_cache=None`` with ``value_dim``: latent rows (MLA), the
+    values being the first ``value_dim`` lanes of the keys' rows; the result is then [T, Hq, value_dim] (here the
+    whole row is weighted and the key-only lanes dropped after).
 
     ``query_width`` (static): W >= 1 promises that no sequence has more than W queries (decode: 1;
     verification of k drafts: 1 + k): one short-query loop serves every slot. None: any run lengths;
@@ -256,6 +258,11 @@ def xla_ragged_paged_attention(
     """
     if soft_cap is not None or sinks is not None:
         cpu_kernel = False
+    if (v_cache is None) != (value_dim is not None):
+        raise ValueError("latent rows (MLA) are v_cache=None with value_dim; a V cache takes no value_dim")
+    if v_cache is None:
+        v_cache = k_cache
+    value_lanes = slice(None, value_dim)
     num_tokens = q_TNH.shape[0]
     num_seqs = kv_lens.shape[0]
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
@@ -269,7 +276,7 @@ def xla_ragged_paged_attention(
         tile = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, cu_q_lens[:-1], q_lens, kv_lens,
                                      width=query_width, **short)
         out = tile[s, jnp.clip(idx, 0, query_width - 1)]
-        return jnp.where(real[:, None, None], out, 0.0).astype(q_TNH.dtype)
+        return jnp.where(real[:, None, None], out, 0.0)[..., value_lanes].astype(q_TNH.dtype)
     single = q_lens == 1
     decodes = _attend_short_queries(q_TNH, k_cache, v_cache, block_tables, cu_q_lens[:-1],
                                     single.astype(jnp.int32), jnp.where(single, kv_lens, 0), width=1, **short)
@@ -283,7 +290,7 @@ def xla_ragged_paged_attention(
                                     sm_scale=sm_scale, sliding_window=sliding_window, q_block=prefill_q_block,
                                     k_block=prefill_k_block, soft_cap=soft_cap, sinks=sinks)
     out = jnp.where(single[s][:, None, None], decodes[s, 0], runs)
-    return jnp.where(real[:, None, None], out, 0.0).astype(q_TNH.dtype)
+    return jnp.where(real[:, None, None], out, 0.0)[..., value_lanes].astype(q_TNH.dtype)
 
 
 def resolve_attention_backend(requested: str, platform: str) -> str:

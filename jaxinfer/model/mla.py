@@ -14,10 +14,11 @@ with ``W_UK[h]`` [R, dn] and ``W_UV[h]`` [R, dv] the slices of ``kv_b_proj`` for
                    = [q_nope[t, h] @ W_UK[h]^T, q_pe[t, h]] . [c_kv[s], k_pe[s]]
     out(h, t)      = sum_s p(h, t, s) c_kv[s] @ W_UV[h]
 
-so the attention is multi-query attention with one KV head whose keys and values are both the cached row:
-any backend (``jaxinfer.model.attention``'s loops, the C++ CPU kernels, the Pallas kernel) runs it unchanged,
-given the same array as ``k_cache`` and ``v_cache``; of its output the first ``kv_lora_rank`` columns are
-``sum_s p c_kv[s]``, which ``W_UV`` takes to the head's value. The softmax scale is HF's
+so the attention is multi-query attention with one KV head over *latent rows*: the keys are the cached rows,
+the values their first ``kv_lora_rank`` lanes. Every backend takes that as ``v_cache=None, value_dim=R``: the
+Pallas kernel reads each row once for both dots and splits ``q . k`` into 512 + 64 lanes (no padding of 576 to
+1024); the XLA loops and the C++ CPU kernels weight the whole row and drop the rope lanes after. The output,
+``sum_s p c_kv[s]`` per head, is what ``W_UV`` takes to the head's value. The softmax scale is HF's
 (``(dn + dr) ** -0.5``, YaRN's ``mscale_all_dim`` squared on top: ``ModelConfig.attention_scale``).
 
 RoPE: DeepSeek rotates (even, odd) pairs (V2 always, V3 with ``rope_interleave``). Gathering the evens then the
@@ -72,7 +73,7 @@ def mla_attention_block(lp, x, cos, sin, layer_cache, batch: StepBatch, cfg: Mod
     w_kv_b = lp["wkv_b"].reshape(r, cfg.num_heads, dn + cfg.v_head_dim)
     q_latent = jnp.einsum("thn,rhn->thr", q_nope, w_kv_b[..., :dn])  # W_UK absorbed into the query
     q_abs = jnp.concatenate([q_latent, q_pe.astype(q_latent.dtype)], axis=-1)
-    out = attn_fn(q_abs, cache, cache, batch.block_tables, batch.cu_q_lens, batch.kv_lens,
-                  sm_scale=cfg.attention_scale)
-    values = jnp.einsum("thr,rhv->thv", out[..., :r].astype(q_latent.dtype), w_kv_b[..., dn:])  # W_UV absorbed
+    out = attn_fn(q_abs, cache, None, batch.block_tables, batch.cu_q_lens, batch.kv_lens,
+                  sm_scale=cfg.attention_scale, value_dim=r)  # the values: the rows' latent part
+    values = jnp.einsum("thr,rhv->thv", out.astype(q_latent.dtype), w_kv_b[..., dn:])  # W_UV absorbed
     return linear(values.reshape(num_tokens, cfg.num_heads * cfg.v_head_dim), lp["wo"]), (cache,)

@@ -207,3 +207,21 @@ def test_attention_sinks_match_reference(q_lens, kv_extra, width, window):
     assert np.all(np.asarray(got)[int(cu[-1]):] == 0)
     plain = ragged_paged_attention_reference(q, k, v, tables, cu, kv, sm_scale=0.25, sliding_window=window)
     assert np.abs(np.asarray(plain) - np.asarray(want)).max() > 1e-2  # the sinks change the result
+
+
+@pytest.mark.parametrize("query_width", [None, 1])
+@SHORT_QUERIES
+def test_latent_rows_match_reference(query_width, cpu_kernel):
+    """MLA's latent rows (v_cache=None): the values are the first 12 of the 16 lanes of each key row; one MQA head
+    read by 8 query heads; the result has the value lanes only."""
+    q_lens, kv_extra = ([7, 1, 12, 1], [0, 9, 3, 20]) if query_width is None else ([1, 1, 1], [4, 17, 30])
+    q, k, _, tables, cu, kv = _case(13, q_lens, kv_extra, hq=8, hkv=1)
+    got = xla_ragged_paged_attention(q, k, None, tables, cu, kv, cpu_kernel=cpu_kernel, sm_scale=0.25,
+                                     query_width=query_width, value_dim=12, prefill_q_block=8, prefill_k_block=8)
+    want = ragged_paged_attention_reference(q, k, None, tables, cu, kv, sm_scale=0.25, value_dim=12)
+    assert got.shape == (q.shape[0], 8, 12)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    dense_v = ragged_paged_attention_reference(q, k, k, tables, cu, kv, sm_scale=0.25)  # the whole row as values
+    np.testing.assert_allclose(np.asarray(got), np.asarray(dense_v)[..., :12], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="latent rows"):
+        xla_ragged_paged_attention(q, k, None, tables, cu, kv, sm_scale=0.25)
