@@ -8,7 +8,8 @@ an abstract paged KV cache and abstract step batches of the shape plan (``jaxinf
   the GPU suite's start-up stage uses (``max_num_seqs=16``, ``max_num_batched_tokens=512``, 4096-token
   context, 16-token blocks), and the token chooser (greedy, and the general sampler with logprobs);
 * tensor parallelism: Qwen2.5-7B's decode and mixed steps at TP = 2 and 4, over compile-only devices;
-* an MoE model: Qwen3-30B-A3B's decode and mixed steps.
+* an MoE model: Qwen3-30B-A3B's decode and mixed steps;
+* the other families' steps (Gemma 2 / 3, Phi-3, GPT-OSS, DeepSeek-V2-Lite / V3's latent attention).
 
 ``layers`` cuts each model to its first N layers (the test suite compiles one layer's worth; every layer
 of a model is the same code at the same shapes, so one layer is the whole model's set of kernels).
@@ -126,4 +127,11 @@ def engine_cases(layers: int | None = None) -> list[CompileCase]:
     step("gpt-oss-20b", "decode", 8, quick=True)
     step("gpt-oss-20b", "mixed", 512)
     step("gpt-oss-20b", "decode", 8, 2)
+    # MLA over the latent cache (576-wide rows, 512 of them the values), the kernel's latent-row mode; V2-Lite's
+    # 16 heads in one program, V3's 128 in head blocks; V2-Lite's layer 1 is an MoE layer (V3's first 3 are dense)
+    step("deepseek-v2-lite", "decode", 8, quick=True)
+    step("deepseek-v2-lite", "mixed", 512)
+    step("deepseek-v2-lite", "decode", 8, 2)
+    step("deepseek-v3", "decode", 8)
+    step("deepseek-v3", "mixed", 512)
     return out
