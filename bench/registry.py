@@ -27,6 +27,7 @@ EXPERIMENTS = {
     "moe": "bench.moe",
     "quant": "bench.quant",
     "kv-bytes": "bench.kv_bytes",
+    "gate-up": "bench.gate_up",
     "gpu-compile": "bench.gpu_compile.cli",
     "clients": "bench.clients.cli",
     "structured": "bench.structured.cli",
