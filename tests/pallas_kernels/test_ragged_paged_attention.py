@@ -445,3 +445,16 @@ def test_fp8_cache_needs_fp8_for_both_caches():
     with pytest.raises(ValueError, match="share a dtype"):
         ragged_paged_attention(q, k, np.zeros((8, 16, 2, 32), np.float32), np.zeros((2, 4), np.int32),
                                np.array([0, 2, 4], np.int32), np.array([2, 2], np.int32), sm_scale=0.1)
+
+
+@pytest.mark.parametrize("cfg", [Config(16, 1, 576, value_dim=512),  # DeepSeek-V2-Lite's layer
+                                 Config(128, 1, 576, value_dim=512, num_kv_splits=2)],  # V3's 128 heads, split-K
+                         ids=["v2-lite", "v3"])
+def test_latent_rows_at_deepseek_shapes_match_reference(cfg):
+    """The real latent row (512 + 64 lanes) through the automatic launch (head blocks for V3's 128 heads)."""
+    batch = Batch(q_lens=(1, 5, 0, 1), context_lens=(40, 20, 0, 7), seed=11)
+    kernel_inputs, reference_inputs = build_inputs(cfg, batch)
+    out, ref = run_both(cfg, kernel_inputs, reference_inputs)
+    assert out.shape == (NUM_TOKENS, cfg.num_q_heads, 512)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
