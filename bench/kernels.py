@@ -13,6 +13,9 @@ reserved, token and sequence counts padded to powers of two, spare pages poisone
    over ``--repeats`` calls, divided by the number of sets, is the time per attention call. Bytes moved
    are the K/V the call must read (each sequence's visible keys, once) plus q and the output; achieved
    GB/s is set against the bandwidth measured in the same run (``bench.hardware.measure_bandwidth``).
+
+Head shapes: Llama-2-7B, Llama-3-8B and Qwen2.5-7B's K/V heads, and DeepSeek-V2-Lite / V3's latent rows (MLA:
+one cached 576-lane row per token, keys and, its first 512 lanes, values: ``v_cache=None, value_dim=512``).
 """
 
 from __future__ import annotations
@@ -53,13 +56,26 @@ class HeadShape:
     name: str
     num_q_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # the key width
+    value_dim: int | None = None  # latent rows (MLA): one cache, the values its rows' first value_dim lanes
+
+    @property
+    def value_width(self) -> int:
+        return self.head_dim if self.value_dim is None else self.value_dim
+
+    @property
+    def cache_arrays(self) -> int:  # K and V, or the one latent array
+        return 1 if self.value_dim is not None else 2
 
 
 LLAMA2_7B = HeadShape("llama-2-7b", 32, 32, 128)
 LLAMA3_8B = HeadShape("llama-3-8b", 32, 8, 128)
 QWEN25_7B = HeadShape("qwen2.5-7b", 28, 4, 128)
 GPU_HEAD_SHAPES = (LLAMA3_8B, LLAMA2_7B, QWEN25_7B)
+# MLA's absorbed attention: 512 latent + 64 rope lanes, one cached row per token read by every head
+DEEPSEEK_V2_LITE = HeadShape("deepseek-v2-lite", 16, 1, 576, value_dim=512)
+DEEPSEEK_V3 = HeadShape("deepseek-v3", 128, 1, 576, value_dim=512)
+LATENT_HEAD_SHAPES = (DEEPSEEK_V2_LITE, DEEPSEEK_V3)
 CPU_HEAD_SHAPES = (HeadShape("mha-tiny", 4, 4, 32), HeadShape("gqa4-tiny", 8, 2, 32),
                    HeadShape("gqa7-tiny", 7, 1, 32))
 
@@ -98,7 +114,8 @@ class KernelCase:
         extra = "".join([f" w{self.sliding_window}" if self.sliding_window else "",
                          f" split{self.num_kv_splits}" if self.num_kv_splits else "",
                          f" bs{self.block_size}" if self.block_size != 16 else ""])
-        return f"{self.kind} {h.name} ({h.num_q_heads}/{h.num_kv_heads}/{h.head_dim}) b{self.batch} ctx{ctx_s}{extra}"
+        dims = f"{h.head_dim}" if h.value_dim is None else f"{h.head_dim}:{h.value_dim}"
+        return f"{self.kind} {h.name} ({h.num_q_heads}/{h.num_kv_heads}/{dims}) b{self.batch} ctx{ctx_s}{extra}"
 
 
 def _decode(heads, batch, ctx):
@@ -122,6 +139,9 @@ def gpu_cases() -> list[KernelCase]:
         for ctx in (16384, 4096, 1024):
             rest += [_decode(h, batch, ctx) for h in GPU_HEAD_SHAPES if (batch, ctx) not in first_points]
     rest += [_mixed(h, 4, 256, 8192, 28, 8192) for h in GPU_HEAD_SHAPES]
+    for heads in LATENT_HEAD_SHAPES:
+        rest += [_decode(heads, b, ctx) for b, ctx in first_points]
+        rest.append(_mixed(heads, 1, 512, 2048, 31, 4096))
     return first + rest
 
 
@@ -138,6 +158,8 @@ def gpu_check_cases() -> list[KernelCase]:
         KernelCase("check", HeadShape("qwen2.5-0.5b", 14, 2, 64), (1, 1, 130), (900, 2000, 600)),
         KernelCase("check", HeadShape("phi-2", 32, 32, 80), (1, 20), (1200, 300), num_kv_splits=3),
         KernelCase("check", HeadShape("gemma-d256", 8, 1, 256), (1, 33), (800, 100)),
+        KernelCase("check", DEEPSEEK_V2_LITE, (1, 40, 1), (3000, 300, 17), num_kv_splits=2),
+        KernelCase("check", DEEPSEEK_V3, (1, 9), (1200, 200)),
     ]
 
 
@@ -154,6 +176,7 @@ def cpu_check_cases() -> list[KernelCase]:
         KernelCase("check", gqa, (1, 9), (150, 30), num_kv_splits=3),
         KernelCase("check", CPU_HEAD_SHAPES[2], (1, 12), (90, 40), sliding_window=24),
         KernelCase("check", HeadShape("d80-tiny", 4, 2, 80), (1, 5), (70, 20), block_size=32),
+        KernelCase("check", HeadShape("mla-tiny", 8, 1, 48, value_dim=32), (1, 7), (60, 30), num_kv_splits=2),
     ]
 
 
@@ -169,7 +192,7 @@ CASE_SETS = {"gpu": gpu_cases, "gpu-check": gpu_check_cases, "cpu": cpu_cases, "
 class CaseInputs:
     q: jax.Array  # [T, Hq, D], T = bucket(num_tokens, 8); rows past num_tokens are padding
     k_cache: jax.Array  # [N, BS, Hkv, D]
-    v_cache: jax.Array
+    v_cache: jax.Array | None  # None: latent rows (the values are k_cache's first value_dim lanes)
     block_tables: tuple[jax.Array, ...]  # one [S, MB] table per disjoint page set
     cu_q_lens: jax.Array  # [S + 1], S = bucket(batch); padding slots repeat the last value
     kv_lens: jax.Array  # [S]; 0 for padding slots
@@ -207,29 +230,32 @@ def build_inputs(case: KernelCase, dtype, num_sets: int, seed: int = 0) -> CaseI
     poison = jnp.asarray(poisoned)
     return CaseInputs(
         q=jax.random.normal(kq, (num_tokens, h.num_q_heads, h.head_dim), jnp.float32).astype(dtype),
-        k_cache=make_cache(kk, poison), v_cache=make_cache(kv, poison), block_tables=tuple(tables),
+        k_cache=make_cache(kk, poison), v_cache=None if h.value_dim else make_cache(kv, poison),
+        block_tables=tuple(tables),
         cu_q_lens=jnp.asarray(cu_q_lens), kv_lens=jnp.asarray(kv_lens),
         query_width=1 if max(case.q_lens) == 1 else None)
 
 
 def kv_bytes(case: KernelCase, itemsize: int) -> int:
-    """K/V bytes one call must read: each sequence's keys visible to at least one of its queries, once."""
+    """K/V bytes one call must read: each sequence's keys visible to at least one of its queries, once (latent
+    rows: one row per key, both keys and values)."""
     h = case.heads
     keys = 0
     for q, kv in zip(case.q_lens, case.kv_lens):
         first = 0 if case.sliding_window is None else max(0, kv - q - case.sliding_window + 1)
         keys += kv - first
-    return keys * 2 * h.num_kv_heads * h.head_dim * itemsize
+    return keys * h.cache_arrays * h.num_kv_heads * h.head_dim * itemsize
 
 
 def bytes_moved(case: KernelCase, itemsize: int) -> int:
-    """K/V read plus q read and the output written (both ``[tokens, Hq, D]``)."""
+    """K/V read plus q read (``[tokens, Hq, D]``) and the output written (``[tokens, Hq, Dv]``)."""
     h = case.heads
-    return kv_bytes(case, itemsize) + 2 * case.num_tokens * h.num_q_heads * h.head_dim * itemsize
+    return kv_bytes(case, itemsize) + case.num_tokens * h.num_q_heads * (h.head_dim + h.value_width) * itemsize
 
 
 def attention_flops(case: KernelCase) -> int:
-    """2 matmuls x 2 flops per multiply-add over every (query, visible key) pair and query head."""
+    """2 flops per multiply-add of q . k (D lanes) and p . v (Dv lanes) over every (query, visible key) pair and
+    query head."""
     h = case.heads
     pairs = 0
     for q, kv in zip(case.q_lens, case.kv_lens):
@@ -237,7 +263,7 @@ def attention_flops(case: KernelCase) -> int:
         if case.sliding_window is not None:
             visible = np.minimum(visible, case.sliding_window)
         pairs += int(visible.sum())
-    return 4 * pairs * h.num_q_heads * h.head_dim
+    return 2 * pairs * h.num_q_heads * (h.head_dim + h.value_width)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -313,7 +339,7 @@ def _reference_rows(case: KernelCase, inputs: CaseInputs, seqs: list[int], sm_sc
         inputs.block_tables[0][jnp.asarray(seqs)],
         jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)),
         jnp.asarray(np.array([case.kv_lens[s] for s in seqs], np.int32)),
-        sm_scale=sm_scale, sliding_window=case.sliding_window)
+        sm_scale=sm_scale, sliding_window=case.sliding_window, value_dim=case.heads.value_dim)
     return np.asarray(ref.astype(jnp.float32)), rows
 
 
@@ -329,12 +355,13 @@ def _as_f32(x) -> np.ndarray:
 def _kernel_fn(case: KernelCase, sm_scale: float):
     return lambda q, k, v, table, cu, kv: ragged_paged_attention(
         q, k, v, table, cu, kv, sm_scale=sm_scale, sliding_window=case.sliding_window,
-        num_kv_splits=case.num_kv_splits)
+        num_kv_splits=case.num_kv_splits, value_dim=case.heads.value_dim)
 
 
 def _xla_fn(case: KernelCase, sm_scale: float, query_width: int | None):
     return lambda q, k, v, table, cu, kv: xla_ragged_paged_attention(
-        q, k, v, table, cu, kv, sm_scale=sm_scale, query_width=query_width, sliding_window=case.sliding_window)
+        q, k, v, table, cu, kv, sm_scale=sm_scale, query_width=query_width, sliding_window=case.sliding_window,
+        value_dim=case.heads.value_dim)
 
 
 def over_page_sets(fn):
@@ -362,7 +389,7 @@ def xla_temp_bytes(case: KernelCase) -> int:
     """Rough peak of the XLA path: each sequence's gathered K and V in the cache dtype and in float32."""
     h = case.heads
     ctx = bucket(max(-(-kv // case.block_size) for kv in case.kv_lens)) * case.block_size
-    return 2 * bucket(case.batch) * ctx * h.num_kv_heads * h.head_dim * (2 + 4 + 4)
+    return h.cache_arrays * bucket(case.batch) * ctx * h.num_kv_heads * h.head_dim * (2 + 4 + 4)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -388,7 +415,7 @@ def run_case(case: KernelCase, opts: RunOptions, seed: int = 0) -> dict:
     sm_scale = h.head_dim ** -0.5
     result = {
         "name": case.name, "kind": case.kind, "model_shape": h.name, "num_q_heads": h.num_q_heads,
-        "num_kv_heads": h.num_kv_heads, "head_dim": h.head_dim, "batch": case.batch,
+        "num_kv_heads": h.num_kv_heads, "head_dim": h.head_dim, "value_dim": h.value_dim, "batch": case.batch,
         "num_tokens": case.num_tokens, "max_q_len": max(case.q_lens), "max_kv_len": max(case.kv_lens),
         "total_kv_tokens": sum(case.kv_lens), "block_size": case.block_size,
         "sliding_window": case.sliding_window, "num_kv_splits": case.num_kv_splits,

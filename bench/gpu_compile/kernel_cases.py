@@ -2,7 +2,7 @@
 
 * Ragged paged attention (``pallas_kernels.ragged_paged_attention``): every case of the GPU suite's sweep
   and of its on-device check (``bench.kernels``: decode, mixed, split-K, sliding window, block size 32,
-  head dims 64 to 256), plus prefill chunks and an fp8 KV cache, bf16, laid out as the engine lays them out
+  head dims 64 to 256, DeepSeek's latent rows), plus prefill chunks and an fp8 KV cache, bf16, laid out as the engine lays them out
   (tokens and sequences padded to powers of two, block 0 reserved).
 * The quantized matmuls (``fp8_matmul`` W8A8, ``w8a16_matmul`` with int8 and e4m3 weights,
   ``fp8_block_matmul``) at Llama-2-7B's projection shapes (q/o, gate/up, down; Llama-3-8B's k/v) for
@@ -47,13 +47,12 @@ def _attention_build(case: attention_bench.KernelCase, kv_dtype, compiler):
     pages = [-(-kv // bs) for kv in case.kv_lens]
     num_blocks = 1 + sum(pages) + attention_bench.POISON_BLOCKS
     s = jax.ShapeDtypeStruct
-    args = (s((num_tokens, h.num_q_heads, h.head_dim), BF16),
-            s((num_blocks, bs, h.num_kv_heads, h.head_dim), kv_dtype),
-            s((num_blocks, bs, h.num_kv_heads, h.head_dim), kv_dtype),
+    cache = s((num_blocks, bs, h.num_kv_heads, h.head_dim), kv_dtype)
+    args = (s((num_tokens, h.num_q_heads, h.head_dim), BF16), cache, None if h.value_dim else cache,
             s((num_seqs, bucket(max(pages))), jnp.int32), s((num_seqs + 1,), jnp.int32), s((num_seqs,), jnp.int32))
     fn = jax.jit(functools.partial(ragged_paged_attention, sm_scale=h.head_dim ** -0.5,
                                    sliding_window=case.sliding_window, num_kv_splits=case.num_kv_splits,
-                                   interpret=False))
+                                   value_dim=h.value_dim, interpret=False))
     return fn, compiler.place(args), {}
 
 

@@ -78,6 +78,11 @@ def test_bytes_and_flops_by_hand():
     windowed = KernelCase("check", TINY, q_lens=(3,), kv_lens=(50,), sliding_window=8)
     assert kernels.kv_bytes(windowed, 2) == (8 + 2) * 2 * 2 * 32 * 2  # keys 40..49
     assert kernels.attention_flops(windowed) == 4 * 24 * 8 * 32
+    latent = KernelCase("decode", kernels.DEEPSEEK_V2_LITE, q_lens=(1,), kv_lens=(100,))
+    # one 576-lane row per key (keys and values); q 576 lanes in, 512 out; q.k over 576 lanes, p.v over 512
+    assert kernels.kv_bytes(latent, 2) == 100 * 576 * 2
+    assert kernels.bytes_moved(latent, 2) == 100 * 576 * 2 + 16 * (576 + 512) * 2
+    assert kernels.attention_flops(latent) == 2 * 100 * 16 * (576 + 512)
 
 
 def test_checked_sequences_keep_prefills_and_spread_decodes():
@@ -244,12 +249,12 @@ def test_gpu_cases_lower_for_cuda(case_set):
         num_seqs, num_blocks = kernels.bucket(case.batch), 1 + sum(pages) + kernels.POISON_BLOCKS
         cache = jax.ShapeDtypeStruct((num_blocks, bs, h.num_kv_heads, h.head_dim), jnp.bfloat16)
         args = (jax.ShapeDtypeStruct((kernels.bucket(case.num_tokens, 8), h.num_q_heads, h.head_dim),
-                                     jnp.bfloat16), cache, cache,
+                                     jnp.bfloat16), cache, None if h.value_dim else cache,
                 jax.ShapeDtypeStruct((num_seqs, kernels.bucket(max(pages))), jnp.int32),
                 jax.ShapeDtypeStruct((num_seqs + 1,), jnp.int32), jax.ShapeDtypeStruct((num_seqs,), jnp.int32))
         fn = lambda q, k, v, t, cu, kv: ragged_paged_attention(
             q, k, v, t, cu, kv, sm_scale=h.head_dim**-0.5, sliding_window=case.sliding_window,
-            num_kv_splits=case.num_kv_splits, interpret=False)
+            num_kv_splits=case.num_kv_splits, value_dim=h.value_dim, interpret=False)
         with _abstract_h200():
             text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert "triton" in text.lower(), case.name
