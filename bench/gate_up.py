@@ -105,6 +105,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
+    if min(args.rows) < 1 or args.repeats < 1:
+        raise ValueError(f"--rows and --repeats must be positive, got rows {args.rows}, repeats {args.repeats}")
     result = measure(args.model, args.rows, jnp.dtype(args.dtype), args.repeats, args.peak_tflops)
     print(f"{result['model']} gate/up, H {result['hidden']} F {result['intermediate']}, {result['dtype']}, "
           f"{result['device']}; floor = {result['weight_bytes'] / 1e6:.0f} MB of weights at "

@@ -371,7 +371,8 @@ def ragged_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, kv_lens
     each key row; the result is then ``[T, Hq, value_dim]``.
 
     Knobs (None = automatic): ``block_q`` query tokens per tile (power of two); ``heads_per_program`` query
-    heads of one kv head per program (power of two; block_q * heads_per_program >= 16);
+    heads of one kv head per program (power of two, at most the group rounded up to one: larger is taken as
+    that; block_q * heads_per_program >= 16);
     ``kv_pages_per_step`` cache pages per KV-loop step (power of two; keys per step >= 16);
     ``num_kv_splits`` split-K partitions (1 = off); ``num_warps`` / ``num_stages`` for Triton.
     ``interpret=None`` interprets the kernel unless the default backend is a GPU.

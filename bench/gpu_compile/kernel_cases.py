@@ -2,8 +2,8 @@
 
 * Ragged paged attention (``pallas_kernels.ragged_paged_attention``): every case of the GPU suite's sweep
   and of its on-device check (``bench.kernels``: decode, mixed, split-K, sliding window, block size 32,
-  head dims 64 to 256, DeepSeek's latent rows), plus prefill chunks and an fp8 KV cache, bf16, laid out as the engine lays them out
-  (tokens and sequences padded to powers of two, block 0 reserved).
+  head dims 64 to 256, DeepSeek's latent rows), plus prefill chunks and an fp8 KV cache, bf16, laid out as
+  the engine lays them out (tokens and sequences padded to powers of two, block 0 reserved).
 * The quantized matmuls (``fp8_matmul`` W8A8, ``w8a16_matmul`` with int8 and e4m3 weights,
   ``fp8_block_matmul``) at Llama-2-7B's projection shapes (q/o, gate/up, down; Llama-3-8B's k/v) for
   M = 1, 64 and 512 tokens.

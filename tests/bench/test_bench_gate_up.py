@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from bench import gate_up
 
 
@@ -21,3 +23,9 @@ def test_split_and_fused_gate_up_agree_and_report(tmp_path, capsys):
         assert r["floor_ms"] > 0 and r["split"]["median_ms"] > 0 and r["fused"]["median_ms"] > 0
         assert abs(r["fused_speedup"] - r["split"]["median_ms"] / r["fused"]["median_ms"]) < 1e-9
     assert "split/fused" in capsys.readouterr().out
+
+
+def test_rows_and_repeats_must_be_positive():
+    args = argparse.Namespace(model="llama-150m", rows=[0], dtype="float32", repeats=2, peak_tflops=None, output=None)
+    with pytest.raises(ValueError, match="must be positive"):
+        gate_up.run(args)
